@@ -1,0 +1,128 @@
+"""The `kai-ray` command.
+
+Only argument parsing lives here; every command's work is in the package that owns it and is
+imported lazily, so `kai-ray --help` stays fast and a missing optional dependency only breaks the
+command that needs it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Callable, Sequence
+
+# command name -> "module:function"; the function takes the parsed namespace and returns an exit code
+_HANDLERS: dict[str, str] = {
+    "demo": "kai_ray.sim.commands:cmd_demo",
+    "simulate": "kai_ray.sim.commands:cmd_simulate",
+    "conformance": "kai_ray.sim.commands:cmd_conformance",
+    "bench-packing": "kai_ray.sim.packing_cli:cmd_bench_packing",
+    "dev-cluster": "kai_ray.testing.devcluster:cmd_dev_cluster",
+    "run": "kai_ray.controller.main:cmd_run",
+    "queues": "kai_ray.k8s.tools:cmd_queues",
+    "explain": "kai_ray.k8s.tools:cmd_explain",
+    "snapshot": "kai_ray.k8s.tools:cmd_snapshot",
+}
+
+
+def _add_output(p: argparse.ArgumentParser) -> None:
+    p.add_argument("-o", "--output", choices=["table", "json"], default="table",
+                   help="human table (default) or JSON for scripts")
+
+
+def _add_kubeconfig(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kubeconfig", help="kubeconfig path (default: $KUBECONFIG, ~/.kube/config)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="kai-ray",
+        description="KAI-Scheduler-compatible GPU batch scheduler for Ray on Kubernetes.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser("demo", help="run the sample scenarios through the real core (no cluster)")
+    p.set_defaults(handler="demo")
+
+    p = sub.add_parser("simulate", help="run a scenario or cluster snapshot and print the outcome")
+    p.add_argument("file")
+    p.add_argument("--timing", action="store_true",
+                   help="end with the wall time of schedule() alone: 'schedule: N.NNN s'")
+    _add_output(p)
+    p.set_defaults(handler="simulate")
+
+    p = sub.add_parser("conformance", help="check scenario expectations (exit 1 on any failure)")
+    p.add_argument("files", nargs="+", metavar="FILE")
+    p.add_argument("-v", "--verbose", action="store_true", help="show details of failures")
+    p.set_defaults(handler="conformance")
+
+    p = sub.add_parser("bench", help="benchmarks")
+    bench = p.add_subparsers(dest="bench", metavar="BENCH")
+    bench.required = True
+    pk = bench.add_parser("packing", help="fractional-GPU packing on the Alibaba openb trace")
+    pk.add_argument("--trace", default="default", help="trace name (default, gpushare40, ...)")
+    pk.add_argument("--seeds", type=int, default=10)
+    pk.add_argument("--policy", action="append", help="policy name (repeatable; default: all)")
+    pk.add_argument("--data-dir", help="directory holding the openb CSV files")
+    pk.add_argument("--plot", help="PNG path for the curves")
+    _add_output(pk)
+    pk.set_defaults(handler="bench-packing")
+
+    p = sub.add_parser("dev-cluster", help="local control plane with KWOK GPU nodes (no Docker)")
+    dc = p.add_subparsers(dest="action", metavar="ACTION")
+    dc.required = True
+    up = dc.add_parser("up", help="start the control plane")
+    up.add_argument("--nodes", type=int, default=2)
+    up.add_argument("--gpus-per-node", type=int, default=8)
+    up.add_argument("--kuberay", action="store_true", help="also start the KubeRay operator")
+    dc.add_parser("down", help="stop everything the dev cluster started")
+    dc.add_parser("env", help="print shell exports (KUBECONFIG, PATH)")
+    dc.add_parser("status", help="show what is running")
+    p.set_defaults(handler="dev-cluster")
+
+    p = sub.add_parser("run", help="all controllers in one process, out of cluster")
+    _add_kubeconfig(p)
+    p.add_argument("--config", help="YAML scheduler configuration")
+    p.set_defaults(handler="run")
+
+    p = sub.add_parser("queues", help="the queue tree with quota, limit, weight, allocated, fair share")
+    _add_kubeconfig(p)
+    _add_output(p)
+    p.set_defaults(handler="queues")
+
+    p = sub.add_parser("explain", help="why a pod or PodGroup is pending")
+    p.add_argument("name", help="POD, pod/NAME or podgroup/NAME")
+    p.add_argument("-n", "--namespace", default="default")
+    _add_kubeconfig(p)
+    _add_output(p)
+    p.set_defaults(handler="explain")
+
+    p = sub.add_parser("snapshot", help="dump the live cluster to a scenario file")
+    _add_kubeconfig(p)
+    p.add_argument("-f", "--file", default="-", help="output path (default: stdout)")
+    p.set_defaults(handler="snapshot")
+    return parser
+
+
+def _resolve(target: str) -> Callable[[argparse.Namespace], int]:
+    module_name, func_name = target.split(":")
+    module = importlib.import_module(module_name)
+    func: Callable[[argparse.Namespace], int] = getattr(module, func_name)
+    return func
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handler = _resolve(_HANDLERS[args.handler])
+    try:
+        return int(handler(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

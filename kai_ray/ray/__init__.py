@@ -1,0 +1,1 @@
+"""Ray-side helper: GPU memory caps that match the pod's GPU fraction."""

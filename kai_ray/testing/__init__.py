@@ -1,0 +1,1 @@
+"""kai_ray.testing."""
