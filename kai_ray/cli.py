@@ -12,7 +12,7 @@ import importlib
 import sys
 from collections.abc import Callable, Sequence
 
-# command name -> "module:function"; the function takes the parsed namespace and returns an exit code
+# command -> "module:function"; the function takes the parsed namespace, returns an exit code
 _HANDLERS: dict[str, str] = {
     "demo": "kai_ray.sim.commands:cmd_demo",
     "simulate": "kai_ray.sim.commands:cmd_simulate",
@@ -87,7 +87,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", help="YAML scheduler configuration")
     p.set_defaults(handler="run")
 
-    p = sub.add_parser("queues", help="the queue tree with quota, limit, weight, allocated, fair share")
+    p = sub.add_parser("queues", help="queue tree: quota, limit, weight, allocated, fair share")
     _add_kubeconfig(p)
     _add_output(p)
     p.set_defaults(handler="queues")
