@@ -17,10 +17,11 @@ _ZERO_SHARE_MULT = 1000.0
 E = TypeVar("E", bound="Entry")
 
 
-def job_request(sess: Session, job: JobState) -> tuple[float, float, float]:
+def job_request(sess: Session, job: JobState, simulation: bool = False
+                ) -> tuple[float, float, float]:
     """The candidate request of a job: its tasks-to-allocate (pending gpu-memory via 100 MiB)."""
     cpu = mem = gpu = 0.0
-    for task in job.tasks_to_allocate():
+    for task in job.tasks_to_allocate(simulation):
         amount = sess.pending_queue_amount(task.req)
         cpu += amount[0]
         mem += amount[1]
@@ -28,7 +29,7 @@ def job_request(sess: Session, job: JobState) -> tuple[float, float, float]:
     return (cpu, mem, gpu)
 
 
-def _dominant_share(sess: Session, q: QueueState, extra: tuple[float, float, float]) -> float:
+def _dominant_share(sess: Session, q: QueueState, extra: tuple[float, ...]) -> float:
     share = 0.0
     for r in range(3):
         allocatable = q.allocatable(r)
@@ -41,8 +42,11 @@ def _dominant_share(sess: Session, q: QueueState, extra: tuple[float, float, flo
 
 
 def compare_queues(sess: Session, lq: QueueState, rq: QueueState,
-                   lreq: tuple[float, float, float], rreq: tuple[float, float, float]) -> int:
-    """Negative when `lq` goes first (kai-spec §5.1, queue_order.go)."""
+                   lreq: tuple[float, float, float], rreq: tuple[float, float, float],
+                   ltaken: tuple[float, float, float] = (0.0, 0.0, 0.0),
+                   rtaken: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> int:
+    """Negative when `lq` goes first (kai-spec §5.1, queue_order.go). `*taken` are victims
+    already taken from the queue (victim order only): they lower its dominant share."""
     l_over = all(lq.fair_share[r] < lq.allocated[r] for r in range(3))
     r_over = all(rq.fair_share[r] < rq.allocated[r] for r in range(3))
     if l_over != r_over:
@@ -59,7 +63,8 @@ def compare_queues(sess: Session, lq: QueueState, rq: QueueState,
     r_zero = any(rq.allocatable(r) == 0 and r_with[r] > 0 for r in range(3))
     if l_zero != r_zero:
         return 1 if l_zero else -1
-    ls, rs = _dominant_share(sess, lq, lreq), _dominant_share(sess, rq, rreq)
+    ls = _dominant_share(sess, lq, tuple(lreq[r] - ltaken[r] for r in range(3)))
+    rs = _dominant_share(sess, rq, tuple(rreq[r] - rtaken[r] for r in range(3)))
     if ls != rs:
         return -1 if ls < rs else 1
     zero = (0.0, 0.0, 0.0)
@@ -100,13 +105,18 @@ class Entry(Protocol):
 
     def order_key(self) -> tuple[int, int, float, str]: ...
 
+    def taken_amount(self) -> tuple[float, float, float]: ...
+
 
 class JobQueue(Generic[E]):
     """Jobs waiting in a queue tree, popped in KAI order (or its reverse for victims)."""
 
-    def __init__(self, sess: Session, items: Iterable[E], reverse: bool = False) -> None:
+    def __init__(self, sess: Session, items: Iterable[E], reverse: bool = False,
+                 simulation: bool = False) -> None:
         self.sess = sess
         self.reverse = reverse
+        self.simulation = simulation
+        self.taken: dict[str, tuple[float, float, float]] = {}
         self.heaps: dict[str, list[tuple[object, int, E]]] = {}
         self.seq = 0
         for item in items:
@@ -123,7 +133,9 @@ class JobQueue(Generic[E]):
 
     def _request(self, item: E) -> tuple[float, float, float]:
         # victims are compared on what their queue holds, not on what they still want
-        return (0.0, 0.0, 0.0) if self.reverse else job_request(self.sess, item.job)
+        if self.reverse:
+            return (0.0, 0.0, 0.0)
+        return job_request(self.sess, item.job, self.simulation)
 
     def _best_in(self, queue: str, memo: dict[str, E | None]) -> E | None:
         """The item that would pop next from `queue`'s subtree."""
@@ -149,8 +161,10 @@ class JobQueue(Generic[E]):
             if best is None or best_name is None:
                 best_name, best = name, cand
                 continue
+            zero = (0.0, 0.0, 0.0)
             cmp = compare_queues(self.sess, self.sess.queues[name], self.sess.queues[best_name],
-                                 self._request(cand), self._request(best))
+                                 self._request(cand), self._request(best),
+                                 self.taken.get(name, zero), self.taken.get(best_name, zero))
             if (cmp > 0) if self.reverse else (cmp < 0):
                 best_name, best = name, cand
         return best
@@ -162,4 +176,10 @@ class JobQueue(Generic[E]):
         if picked is None:
             return None
         heap = self.heaps[picked.queue]
-        return heapq.heappop(heap)[2]
+        item = heapq.heappop(heap)[2]
+        if self.reverse:
+            amount = item.taken_amount()
+            for q in self.sess.queue_path(item.queue):
+                old = self.taken.get(q.name, (0.0, 0.0, 0.0))
+                self.taken[q.name] = (old[0] + amount[0], old[1] + amount[1], old[2] + amount[2])
+        return item

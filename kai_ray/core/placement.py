@@ -188,30 +188,16 @@ def choose_devices(sess: Session, task: Task, node: int) -> tuple[tuple[str, ...
     return tuple(groups), tuple(new), on_idle
 
 
-def choose(sess: Session, task: Task, prefer: int = -1,
-           extra: BoolArray | None = None) -> tuple[Choice | None, dict[str, int]]:
-    """Best node for `task`, or None with the failed-predicate histogram."""
+def choose(sess: Session, task: Task, extra: BoolArray | None = None
+           ) -> tuple[Choice | None, dict[str, int]]:
+    """Best node for `task`, or None with the failed-predicate histogram. A virtually evicted
+    victim is placed like any task; if that lands it where it was, the session un-evicts it."""
     fits, fits_idle, reasons = feasible(sess, task, extra)
     if not fits.any():
         return None, reasons
-    if prefer >= 0 and fits[prefer]:
-        node = prefer
-    else:
-        score = scores(sess, task, fits, fits_idle)
-        node = int(np.argmax(np.where(fits, score, -np.inf)))
+    score = scores(sess, task, fits, fits_idle)
+    node = int(np.argmax(np.where(fits, score, -np.inf)))
     if task.req.is_shared:
-        if prefer == node and task.orig_groups and _groups_fit(sess, task, node):
-            groups, new, on_idle = task.orig_groups, (), True
-        else:
-            groups, new, on_idle = choose_devices(sess, task, node)
+        groups, new, on_idle = choose_devices(sess, task, node)
         return Choice(node, groups, new, on_idle and bool(fits_idle[node])), reasons
     return Choice(node, (), (), bool(fits_idle[node])), reasons
-
-
-def _groups_fit(sess: Session, task: Task, node: int) -> bool:
-    cost = sess.device_cost(task.req, node)
-    for gid in task.orig_groups:
-        g = sess.groups[node].get(gid)
-        if g is None or MILLI - g.used + g.releasing - cost < 0:
-            return False
-    return True

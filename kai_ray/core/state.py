@@ -138,6 +138,9 @@ class JobState:
     def order_key(self) -> tuple[int, int, float, str]:
         return (-self.priority, self.elastic_rank(), self.created, self.name)
 
+    def taken_amount(self) -> tuple[float, float, float]:
+        return (0.0, 0.0, 0.0)
+
     def is_ready(self) -> bool:
         for ps in self.podsets.values():
             alive = sum(1 for t in ps.tasks if t.status in ALIVE and t.status != PodStatus.GATED)

@@ -212,18 +212,18 @@ def _quota(spec: QuotaSpec | None, default: ResourceQuota) -> ResourceQuota:
 
 
 def _request(base: RequestSpec, task: TaskSpec) -> Request:
-    def pick(name: str) -> Any:
-        value = getattr(task, name)
-        return getattr(base, name) if value is None else value
-
-    fraction = pick("gpu_fraction")
+    """The pod's request: a task that names any request key replaces `per_task` entirely."""
+    keys = RequestSpec.model_fields
+    own = any(getattr(task, k) is not None for k in keys)
+    spec = RequestSpec.model_validate({k: getattr(task, k) for k in keys}) if own else base
+    fraction = spec.gpu_fraction
     return Request(
-        cpu_m=DEFAULT_TASK_CPU_M if pick("cpu_m") is None else pick("cpu_m"),
-        memory=DEFAULT_TASK_MEMORY if pick("memory_bytes") is None else pick("memory_bytes"),
-        gpus=pick("gpu") or 0,
+        cpu_m=DEFAULT_TASK_CPU_M if spec.cpu_m is None else spec.cpu_m,
+        memory=DEFAULT_TASK_MEMORY if spec.memory_bytes is None else spec.memory_bytes,
+        gpus=spec.gpu or 0,
         gpu_fraction_milli=round(fraction * 1000) if fraction else 0,
-        gpu_memory_mib=pick("gpu_memory_mib") or 0,
-        fraction_devices=pick("gpu_fraction_num_devices") or 1,
+        gpu_memory_mib=spec.gpu_memory_mib or 0,
+        fraction_devices=spec.gpu_fraction_num_devices or 1,
     )
 
 

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from kai_ray.core.actions.common import place_tasks, record_error
-from kai_ray.core.capacity import check_job, job_level_request
+from kai_ray.core.actions.common import place_tasks
 from kai_ray.core.ordering import JobQueue
 from kai_ray.core.state import JobError, JobState, Session
 
@@ -29,17 +28,15 @@ def run(sess: Session) -> None:
         tasks = job.tasks_to_allocate()
         if not tasks:
             continue
-        error = check_job(sess, job, job_level_request(sess, tasks))
-        if error is not None:
-            record_error(sess, job, error.reason, error.message)
-            continue
         shape = (tuple(t.req for t in tasks), tuple(t.node_selector for t in tasks))
         known = failed_shapes.get(shape)
         if known is not None:
             sess.job_errors[job.name] = known
             continue
         if not place_tasks(sess, job, tasks, pipeline_only=False):
-            failed_shapes[shape] = sess.job_errors[job.name]
+            error = sess.job_errors[job.name]
+            if error.fit is not None:  # a node-fit failure, not a queue rule
+                failed_shapes[shape] = error
             continue
         if job.pending_tasks():
             queue.push(job)

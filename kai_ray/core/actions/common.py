@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from kai_ray.core import placement
+from kai_ray.core.capacity import check_job, job_level_request
 from kai_ray.core.model import PodStatus
 from kai_ray.core.state import JobError, JobState, Session, Task
 
@@ -30,12 +31,17 @@ def gang_message(job: JobState, placed: int, needed: int, task: Task, reasons: d
 
 def place_tasks(sess: Session, job: JobState, tasks: list[Task], pipeline_only: bool,
                 record: bool = True) -> bool:
-    """Place `tasks` all or nothing (KAI AllocateJob). On failure nothing is left behind."""
+    """Place `tasks` all or nothing (KAI AllocateJob): queue capacity first, then nodes.
+    On failure nothing is left behind."""
+    error = check_job(sess, job, job_level_request(sess, tasks))
+    if error is not None:
+        if record:
+            record_error(sess, job, error.reason, error.message)
+        return False
     checkpoint = sess.checkpoint()
     placed: list[Task] = []
     for task in tasks:
-        prefer = task.node if task.status == PodStatus.RELEASING else -1
-        choice, reasons = placement.choose(sess, task, prefer)
+        choice, reasons = placement.choose(sess, task)
         if choice is None:
             sess.rollback(checkpoint)
             if record:

@@ -45,6 +45,16 @@ class VictimUnit:
     def order_key(self) -> tuple[int, int, float, str]:
         return (-self.job.priority, self._rank(), self.job.created, self.job.name)
 
+    def taken_amount(self) -> tuple[float, float, float]:
+        """What the queue loses when this unit is taken (its next tasks to evict)."""
+        taken, _ = self.take()
+        amounts = [self.job_sess_amount(t) for t in taken]
+        return (sum(a[0] for a in amounts), sum(a[1] for a in amounts),
+                sum(a[2] for a in amounts))
+
+    def job_sess_amount(self, task: Task) -> tuple[float, float, float]:
+        return (float(task.req.cpu_m), float(task.req.memory), task.accepted_gpu)
+
     def take(self) -> tuple[list[Task], VictimUnit | None]:
         """Tasks to evict next: one extra task of a podset above its minimum, else all."""
         by_set = [(ps, [t for t in self.tasks if t in ps.tasks]) for ps in self.job.podsets.values()]
@@ -142,7 +152,7 @@ class Solver:
             sess.evict(task)
             sess.evict_info[task.idx] = EvictInfo(self.action, self.message(task, job), job.name)
         victim_jobs = list({id(t.job): t.job for t in victims}.values())
-        order: JobQueue[JobState] = JobQueue(sess, [job, *victim_jobs])
+        order: JobQueue[JobState] = JobQueue(sess, [job, *victim_jobs], simulation=True)
         while (next_job := order.pop()) is not None:
             if next_job is job:
                 pending = [t for t in prefix if t.status == PodStatus.PENDING]
