@@ -8,7 +8,7 @@ thousandths of a device (milli), GPU memory in MiB. Times are seconds on the cal
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 
 UNLIMITED = -1.0
 # KAI's minNodeGpuMemory is effectively always 100 MiB (kai-spec §8); pending gpu-memory requests
@@ -17,7 +17,7 @@ MIN_NODE_GPU_MEMORY_MIB = 100
 DEFAULT_GPU_MEMORY_MIB = 100
 
 
-class PodStatus(str, Enum):
+class PodStatus(StrEnum):
     PENDING = "Pending"
     GATED = "Gated"
     ALLOCATED = "Allocated"

@@ -88,8 +88,20 @@ class PodSet:
 
 
 class JobState:
-    __slots__ = ("created", "last_start", "source", "name", "namespace", "podsets", "preemptible",
-                 "priority", "queue", "stale_since", "tasks", "uses_subgroups")
+    __slots__ = (
+        "created",
+        "last_start",
+        "name",
+        "namespace",
+        "podsets",
+        "preemptible",
+        "priority",
+        "queue",
+        "source",
+        "stale_since",
+        "tasks",
+        "uses_subgroups",
+    )
 
     def __init__(self, job: Job) -> None:
         self.source = job
@@ -321,11 +333,11 @@ class Session:
                 if parent and parent not in self.queues:
                     del self.queues[name]
                     changed = True
-        for q in self.queues.values():
-            if q.parent:
-                self.queues[q.parent].children.append(q.name)
-        for q in self.queues.values():
-            q.children.sort(key=lambda c: (self.queues[c].created, c))
+        for qs in self.queues.values():
+            if qs.parent:
+                self.queues[qs.parent].children.append(qs.name)
+        for qs in self.queues.values():
+            qs.children.sort(key=lambda c: (self.queues[c].created, c))
 
     def is_leaf(self, queue: str) -> bool:
         q = self.queues.get(queue)

@@ -48,7 +48,8 @@ def place_tasks(sess: Session, job: JobState, tasks: list[Task], pipeline_only: 
                 record_error(sess, job, "Unschedulable",
                              gang_message(job, len(placed), len(tasks), task, reasons), reasons)
             return False
-        sess.allocate(task, choice.node, choice.groups, pipelined=pipeline_only or not choice.on_idle)
+        pipelined = pipeline_only or not choice.on_idle
+        sess.allocate(task, choice.node, choice.groups, pipelined=pipelined)
         placed.append(task.moved or task)
     if not pipeline_only:
         _pipeline_whole_gang_if_needed(sess, job, placed)

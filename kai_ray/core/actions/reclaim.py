@@ -73,8 +73,8 @@ def reclaimable(sess: Session, copy: _Copy, job: JobState, request: Amounts,
         has_core = False
         chunks = chunks_by_queue.setdefault(victim_job.queue, [])
         for ps in victim_job.podsets.values():
-            mine = [t for t in tasks if t in ps.tasks]
-            for i, t in enumerate(mine):
+            in_set = [t for t in tasks if t in ps.tasks]
+            for i, t in enumerate(in_set):
                 amount = list(sess.task_queue_amount(t))
                 if i < ps.min_member:
                     core = [core[r] + amount[r] for r in range(3)]
@@ -100,8 +100,8 @@ def reclaimable(sess: Session, copy: _Copy, job: JobState, request: Amounts,
     reclaimer_involved = _involved(request)
     mult = sess.config.reclaimer_saturation_multiplier
     for q in sess.queue_path(job.queue):
-        mine = list(remaining.get(q.name, copy.allocated[q.name]))
-        mine = [mine[r] + request[r] for r in range(3)]
+        base = remaining.get(q.name, copy.allocated[q.name])
+        with_request = [base[r] + request[r] for r in range(3)]
         for sib_name, sib_left in remaining.items():
             sib = sess.queues[sib_name]
             if sib.parent != q.parent or sib.name == q.name:
@@ -109,7 +109,7 @@ def reclaimable(sess: Session, copy: _Copy, job: JobState, request: Amounts,
             for r in involved.get(sib_name, set()) | reclaimer_involved:
                 if q.fair_share[r] == -1 and sib.fair_share[r] == -1:
                     continue
-                mine_ratio = _ratio(mine[r], q.fair_share[r])
+                mine_ratio = _ratio(with_request[r], q.fair_share[r])
                 sib_ratio = _ratio(sib_left[r], sib.fair_share[r])
                 if mine_ratio > 1 and sib.fair_share[r] > 0 and mine_ratio * mult >= sib_ratio:
                     return False

@@ -57,10 +57,11 @@ class VictimUnit:
 
     def take(self) -> tuple[list[Task], VictimUnit | None]:
         """Tasks to evict next: one extra task of a podset above its minimum, else all."""
-        by_set = [(ps, [t for t in self.tasks if t in ps.tasks]) for ps in self.job.podsets.values()]
+        by_set = [(ps, [t for t in self.tasks if t in ps.tasks])
+                  for ps in self.job.podsets.values()]
         above = [(ps, ts) for ps, ts in by_set if len(ts) > ps.min_member]
         if above:
-            ps, ts = max(above, key=lambda item: (len(item[1]) / item[0].min_member, item[0].name))
+            _, ts = max(above, key=lambda item: (len(item[1]) / item[0].min_member, item[0].name))
             victim = max(ts, key=Task.sort_key)
             rest = [t for t in self.tasks if t is not victim]
             return [victim], VictimUnit(self.job, rest)
