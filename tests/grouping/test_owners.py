@@ -134,7 +134,7 @@ def test_rayservice_empty_active_name_stops_the_search() -> None:
     svc = _service({"activeServiceStatus": {"rayClusterName": ""},
                     "pendingServiceStatus": {"rayClusterName": "pending"}})
     rc = ray_cluster("pending", owners=[owned_by(svc)])
-    with pytest.raises(RayClusterPending, match="activeServiceStatus.rayClusterName is not set"):
+    with pytest.raises(RayClusterPending, match=r"activeServiceStatus\.rayClusterName is not set"):
         resolve_top_owner(pod(owner=rc), FakeApi(svc, rc).get_owner)
 
 

