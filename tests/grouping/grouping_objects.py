@@ -34,7 +34,8 @@ def owned_by(owner: dict[str, Any]) -> dict[str, Any]:
 
 
 def pod(name: str = "p", *, owner: dict[str, Any] | None = None,
-        labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None, containers: list[dict[str, Any]] | None = None,
+        labels: dict[str, str] | None = None, annotations: dict[str, str] | None = None,
+        containers: list[dict[str, Any]] | None = None,
         scheduler: str = "kai-scheduler", **spec: Any) -> dict[str, Any]:
     body = {"schedulerName": scheduler,
             "containers": containers if containers is not None else [{"name": "main"}], **spec}
