@@ -54,7 +54,7 @@ GPU_PORTION = "GPU_PORTION"
 GPU_MEMORY_LIMIT = "KAI_RAY_GPU_MEMORY_LIMIT_MIB"
 
 _DECIMAL = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?")
-_HEX_FLOAT = re.compile(r"[+-]?0[xX][0-9a-fA-F_.]+([pP][+-]?\d+)?")
+_HEX_FLOAT = re.compile(r"[+-]?0[xX][0-9a-fA-F_.]+[pP][+-]?\d+")  # Go needs the p exponent
 _UINT = re.compile(r"[0-9]+")
 _UINT64_MAX = 2**64 - 1
 
