@@ -269,3 +269,10 @@ def test_should_group() -> None:
     job = obj("batch/v1", "Job", "j")
     assert should_group(pod(owner=job, annotations={"pod-group-name": "old"}))
     assert not should_group(pod(), GroupingConfig(scheduler_name="other"))
+
+
+def test_bare_pod_default_queue_warning_names_only_the_pod() -> None:
+    result = group(pod("solo"), config=GroupingConfig(namespace_queue=False))
+    assert result.podgroup["spec"]["queue"] == "default-queue"
+    assert result.warnings == ("Pod ns/solo: no kai.scheduler/queue or runai/queue label on the "
+                               "pod: using the default queue 'default-queue'",)
