@@ -307,6 +307,7 @@ class Session:
                         continue
                     podset = js.podsets["default"]
                 podset.tasks.append(task)
+        self.known_groups = {g for t in self.tasks for g in t.groups}
         self._build_queues(snapshot)
         self._load_usage()
 
@@ -488,8 +489,13 @@ class Session:
                     q.allocated_np[r] += sign * amount[r]
 
     def new_group_id(self, node: int) -> str:
-        self.group_seq += 1
-        return f"{self.nodes[node].name}-gpu-{self.group_seq}"
+        """A shared-device id no pod in the snapshot uses (deterministic, unlike KAI's UUIDs)."""
+        while True:
+            self.group_seq += 1
+            gid = f"{self.nodes[node].name}-gpu-{self.group_seq}"
+            if gid not in self.known_groups:
+                self.known_groups.add(gid)
+                return gid
 
     # ------------------------------------------------------------------ virtual decisions
     def checkpoint(self) -> int:
