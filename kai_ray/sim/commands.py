@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 from kai_ray.sim import runner
 from kai_ray.sim.scenario import ScenarioError, load
@@ -38,7 +37,9 @@ def cmd_conformance(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from kai_ray.sim.report import render_outcome
+    import json
+
+    from kai_ray.sim.report import as_json, render_text
 
     try:
         scenarios = load(args.file)
@@ -46,11 +47,16 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         print(f"kai-ray simulate: {exc}", file=sys.stderr)
         return 2
     total = 0.0
+    docs = []
     for scenario in scenarios:
-        start = time.perf_counter()
         outcome = runner.run(scenario)
-        total += time.perf_counter() - start
-        print(render_outcome(scenario, outcome, args.output))
+        total += outcome.schedule_seconds
+        if args.output == "json":
+            docs.append(as_json(scenario, outcome))
+        else:
+            print(render_text(scenario, outcome))
+    if docs:
+        print(json.dumps(docs if len(docs) > 1 else docs[0], indent=2, default=list))
     if args.timing:
         print(f"schedule: {total:.3f} s")
     return 0

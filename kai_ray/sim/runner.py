@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from kai_ray.core import fairshare
-from kai_ray.core.model import PodStatus, Snapshot
+from kai_ray.core.model import PodStatus, SchedulerConfig, Snapshot
 from kai_ray.core.result import CycleResult, PodOutcome
 from kai_ray.core.schedule import schedule
 from kai_ray.sim.scenario import NOW, Scenario, ScenarioError, config_of, snapshot_of
@@ -21,8 +22,18 @@ class Outcome:
     pods: dict[str, PodOutcome]
     result: CycleResult | None
     history: list[dict[str, PodOutcome]] = field(default_factory=list)
+    rounds: list[CycleResult] = field(default_factory=list)
+    schedule_seconds: float = 0.0  # wall time inside schedule() (snapshot compile + actions)
     fair_share: dict[str, float] = field(default_factory=dict)
     unassigned: float = 0.0
+
+
+def _timed(snapshot: Snapshot, config: SchedulerConfig, now: float, clock: list[float]
+           ) -> CycleResult:
+    start = time.perf_counter()
+    result = schedule(snapshot, config, now)
+    clock[0] += time.perf_counter() - start
+    return result
 
 
 def run(scenario: Scenario) -> Outcome:
@@ -32,16 +43,19 @@ def run(scenario: Scenario) -> Outcome:
     snapshot = snapshot_of(scenario)
     if scenario.run != "full_cycle":
         config = dataclasses.replace(config, actions=(scenario.run,))
-        result = schedule(snapshot, config, NOW)
-        return Outcome(dict(result.pods), result)
+        clock = [0.0]
+        result = _timed(snapshot, config, NOW, clock)
+        return Outcome(dict(result.pods), result, rounds=[result], schedule_seconds=clock[0])
     now = NOW
-    result = None
+    rounds = []
+    clock = [0.0]
     for _ in range(scenario.rounds):
-        result = schedule(snapshot, config, now)
-        snapshot = advance(snapshot, result)
+        rounds.append(_timed(snapshot, config, now, clock))
+        snapshot = advance(snapshot, rounds[-1])
         now += CYCLE_SECONDS
-    assert result is not None
-    outcome = Outcome({name: _settled(o) for name, o in result.pods.items()}, result)
+    result = rounds[-1]
+    outcome = Outcome({name: _settled(o) for name, o in result.pods.items()}, result,
+                      rounds=rounds, schedule_seconds=clock[0])
     for _ in range(EXTRA_ROUNDS):
         extra = schedule(snapshot, config, now)
         outcome.history.append(dict(extra.pods))
