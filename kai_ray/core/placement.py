@@ -39,8 +39,14 @@ class Choice:
 def _selector_mask(sess: Session, task: Task) -> BoolArray | None:
     if not task.node_selector:
         return None
-    return np.array([all(labels.get(k) == v for k, v in task.node_selector)
-                     for labels in sess.node_labels], dtype=bool)
+    cache: dict[tuple[tuple[str, str], ...], BoolArray] = sess.__dict__.setdefault(
+        "selector_masks", {})
+    mask = cache.get(task.node_selector)
+    if mask is None:
+        mask = np.array([all(labels.get(k) == v for k, v in task.node_selector)
+                         for labels in sess.node_labels], dtype=bool)
+        cache[task.node_selector] = mask
+    return mask
 
 
 def _device_order(sess: Session) -> str:
@@ -61,58 +67,109 @@ def _shared_candidates(sess: Session, task: Task, node: int) -> tuple[list[Group
     return fitting, idle_whole, rel_whole
 
 
-def feasible(sess: Session, task: Task, extra: BoolArray | None = None
-             ) -> tuple[BoolArray, BoolArray, dict[str, int]]:
-    """(fits with releasing, fits on idle, failed-predicate histogram) over all nodes."""
+def _predicates(sess: Session, task: Task) -> tuple[list[tuple[BoolArray, str]], BoolArray]:
+    """Each predicate as (mask of nodes that pass, KAI's reason), and the fits-on-idle mask."""
     req = task.req
-    reasons: dict[str, int] = {}
-    ok = sess.schedulable.copy()
-    reasons[R_UNSCHED] = int((~ok).sum())
-
-    def apply(mask: BoolArray, reason: str) -> None:
-        nonlocal ok
-        failed = ok & ~mask
-        if failed.any():
-            reasons[reason] = reasons.get(reason, 0) + int(failed.sum())
-        ok = ok & mask
-
+    preds: list[tuple[BoolArray, str]] = []
     sel = _selector_mask(sess, task)
     if sel is not None:
-        apply(sel, R_SELECTOR)
-    if extra is not None:
-        ok = ok & extra
-    idle_cpu = sess.cap_cpu - sess.used_cpu
-    idle_mem = sess.cap_mem - sess.used_mem
-    idle_ok = np.ones(len(ok), dtype=bool)
+        preds.append((sel, R_SELECTOR))
+    idle_ok = np.ones(len(sess.nodes), dtype=bool)
     if req.cpu_m:
-        apply(idle_cpu + sess.rel_cpu >= req.cpu_m, R_CPU)
+        idle_cpu = sess.cap_cpu - sess.used_cpu
+        preds.append((idle_cpu + sess.rel_cpu >= req.cpu_m, R_CPU))
         idle_ok &= idle_cpu >= req.cpu_m
     if req.memory:
-        apply(idle_mem + sess.rel_mem >= req.memory, R_MEM)
+        idle_mem = sess.cap_mem - sess.used_mem
+        preds.append((idle_mem + sess.rel_mem >= req.memory, R_MEM))
         idle_ok &= idle_mem >= req.memory
     if req.gpus:
         idle_gpu = sess.cap_gpu - sess.used_gpu
-        apply(idle_gpu + sess.rel_gpu >= req.gpus, R_GPU)
+        preds.append((idle_gpu + sess.rel_gpu >= req.gpus, R_GPU))
         idle_ok &= idle_gpu >= req.gpus
-    apply(sess.used_pods < sess.max_pods, R_PODS)
+    preds.append((sess.used_pods < sess.max_pods, R_PODS))
     if req.is_shared:
         if req.gpu_memory_mib:
-            apply(sess.gpu_mem_synced & (sess.gpu_mem >= req.gpu_memory_mib), R_GPU_MEM)
-        shared_ok = np.zeros(len(ok), dtype=bool)
-        shared_idle = np.zeros(len(ok), dtype=bool)
-        for node in np.flatnonzero(ok):
-            fitting, idle_whole, rel_whole = _shared_candidates(sess, task, int(node))
-            cost = sess.device_cost(req, int(node))
-            new_slots_ok = sess.used_pods[node] + 2 <= sess.max_pods[node]
-            wholes = (idle_whole + rel_whole) if new_slots_ok else 0
-            if len(fitting) + wholes >= req.fraction_devices:
-                shared_ok[node] = True
-                idle_groups = sum(1 for g in fitting if MILLI - g.used - cost >= 0)
-                idle_wholes = idle_whole if new_slots_ok else 0
-                shared_idle[node] = idle_groups + idle_wholes >= req.fraction_devices
-        apply(shared_ok, R_GPU)
-        idle_ok &= shared_idle
+            preds.append((sess.gpu_mem_synced & (sess.gpu_mem >= req.gpu_memory_mib), R_GPU_MEM))
+        cost = _cost_vector(sess, task)[:, None]
+        live = sess.dev_on & (sess.dev_rel < sess.dev_used)  # not entirely releasing
+        fit_groups = (live & (MILLI - sess.dev_used + sess.dev_rel - cost >= 0)).sum(axis=1)
+        idle_groups = (live & (MILLI - sess.dev_used - cost >= 0)).sum(axis=1)
+        # a new shared device also needs a slot for its reservation pod
+        new_ok = sess.used_pods + 2 <= sess.max_pods
+        idle_whole = np.where(new_ok, sess.cap_gpu - sess.used_gpu, 0)
+        rel_whole = np.where(new_ok, sess.rel_gpu, 0)
+        preds.append((fit_groups + idle_whole + rel_whole >= req.fraction_devices, R_GPU))
+        idle_ok &= idle_groups + idle_whole >= req.fraction_devices
+    return preds, idle_ok
+
+
+def feasible(sess: Session, task: Task, explain: bool = False
+             ) -> tuple[BoolArray, BoolArray, dict[str, int]]:
+    """(fits with releasing, fits on idle, failed-predicate histogram) over all nodes. The
+    histogram (first failing predicate per node) is only built when `explain` is set."""
+    preds, idle_ok = _predicates(sess, task)
+    ok = sess.schedulable.copy()
+    reasons: dict[str, int] = {}
+    if explain:
+        reasons[R_UNSCHED] = int((~ok).sum())
+    for mask, reason in preds:
+        if explain:
+            failed = int((ok & ~mask).sum())
+            if failed:
+                reasons[reason] = reasons.get(reason, 0) + failed
+        ok &= mask
     return ok, ok & idle_ok, {k: v for k, v in reasons.items() if v}
+
+
+def fits_node(sess: Session, task: Task, node: int) -> tuple[bool, bool]:
+    """(fits, fits on idle) on one node, without touching the others (scalar fast path)."""
+    req = task.req
+    if not sess.schedulable[node] or sess.used_pods[node] >= sess.max_pods[node]:
+        return False, False
+    sel = _selector_mask(sess, task)
+    if sel is not None and not sel[node]:
+        return False, False
+    idle_cpu = int(sess.cap_cpu[node] - sess.used_cpu[node])
+    idle_mem = int(sess.cap_mem[node] - sess.used_mem[node])
+    if idle_cpu + int(sess.rel_cpu[node]) < req.cpu_m:
+        return False, False
+    if idle_mem + int(sess.rel_mem[node]) < req.memory:
+        return False, False
+    idle = idle_cpu >= req.cpu_m and idle_mem >= req.memory
+    idle_gpu = int(sess.cap_gpu[node] - sess.used_gpu[node])
+    if req.gpus:
+        if idle_gpu + int(sess.rel_gpu[node]) < req.gpus:
+            return False, False
+        return True, idle and idle_gpu >= req.gpus
+    if req.is_shared:
+        if req.gpu_memory_mib and not (sess.gpu_mem_synced[node]
+                                       and sess.gpu_mem[node] >= req.gpu_memory_mib):
+            return False, False
+        fitting, idle_whole, rel_whole = _shared_candidates(sess, task, node)
+        if sess.used_pods[node] + 2 > sess.max_pods[node]:
+            idle_whole = rel_whole = 0
+        if len(fitting) + idle_whole + rel_whole < req.fraction_devices:
+            return False, False
+        cost = sess.device_cost(req, node)
+        idle_groups = sum(1 for g in fitting if MILLI - g.used - cost >= 0)
+        return True, idle and idle_groups + idle_whole >= req.fraction_devices
+    return True, idle
+
+
+def sharing_bonus_on(sess: Session, task: Task, node: int) -> bool:
+    if sess.config.placement.gpu == "spread" or task.req.gpus:
+        return False
+    cost = sess.device_cost(task.req, node) if task.req.is_shared else 0
+    return any(g.used < MILLI and MILLI - g.used + g.releasing - cost >= 0
+               for g in sess.groups[node].values())
+
+
+def sticky_allowed(sess: Session, task: Task) -> bool:
+    """Whether the binpack fast path applies: the node that won for an identical task stays
+    the best while it still fits on idle resources (its free amount only shrank)."""
+    cfg = sess.config.placement
+    return (cfg.gpu if task.req.wants_gpu else cfg.cpu) != "spread"
 
 
 def scores(sess: Session, task: Task, fits: BoolArray, fits_idle: BoolArray
@@ -146,17 +203,22 @@ def scores(sess: Session, task: Task, fits: BoolArray, fits_idle: BoolArray
     return score
 
 
+def _cost_vector(sess: Session, task: Task) -> npt.NDArray[np.int64]:
+    """Milli of a device the task takes on each node (gpu-memory depends on the node)."""
+    req = task.req
+    if req.gpu_fraction_milli:
+        return np.full(len(sess.nodes), req.gpu_fraction_milli, dtype=np.int64)
+    if req.gpu_memory_mib:
+        return -((-req.gpu_memory_mib * MILLI) // sess.gpu_mem)
+    return np.zeros(len(sess.nodes), dtype=np.int64)
+
+
 def _sharing_bonus(sess: Session, task: Task, fits: BoolArray) -> npt.NDArray[np.float64]:
-    bonus = np.zeros(len(fits))
-    for node in np.flatnonzero(fits):
-        groups = sess.groups[int(node)]
-        if not groups:
-            continue
-        cost = sess.device_cost(task.req, int(node)) if task.req.is_shared else 0
-        if any(MILLI - g.used + g.releasing - cost >= 0 and g.used < MILLI
-               for g in groups.values()):
-            bonus[node] = 1.0
-    return bonus
+    """1 where a partly used shared device of the node fits the task (gpusharingorder)."""
+    cost = _cost_vector(sess, task)[:, None]
+    partly = sess.dev_on & (sess.dev_used < MILLI) & (MILLI - sess.dev_used + sess.dev_rel - cost
+                                                       >= 0)
+    return (partly.any(axis=1) & fits).astype(np.float64)
 
 
 def choose_devices(sess: Session, task: Task, node: int) -> tuple[tuple[str, ...],
@@ -188,16 +250,22 @@ def choose_devices(sess: Session, task: Task, node: int) -> tuple[tuple[str, ...
     return tuple(groups), tuple(new), on_idle
 
 
-def choose(sess: Session, task: Task, extra: BoolArray | None = None
-           ) -> tuple[Choice | None, dict[str, int]]:
+def choose(sess: Session, task: Task) -> tuple[Choice | None, dict[str, int]]:
     """Best node for `task`, or None with the failed-predicate histogram. A virtually evicted
     victim is placed like any task; if that lands it where it was, the session un-evicts it."""
-    fits, fits_idle, reasons = feasible(sess, task, extra)
+    fits, fits_idle, _ = feasible(sess, task)
     if not fits.any():
-        return None, reasons
-    score = scores(sess, task, fits, fits_idle)
-    node = int(np.argmax(np.where(fits, score, -np.inf)))
+        return None, feasible(sess, task, explain=True)[2]
+    if fits.sum() == 1:
+        node = int(np.flatnonzero(fits)[0])
+    else:
+        score = scores(sess, task, fits, fits_idle)
+        node = int(np.argmax(np.where(fits, score, -np.inf)))
+    return place_on(sess, task, node, bool(fits_idle[node])), {}
+
+
+def place_on(sess: Session, task: Task, node: int, on_idle: bool) -> Choice:
     if task.req.is_shared:
-        groups, new, on_idle = choose_devices(sess, task, node)
-        return Choice(node, groups, new, on_idle and bool(fits_idle[node])), reasons
-    return Choice(node, (), (), bool(fits_idle[node])), reasons
+        groups, new, devices_idle = choose_devices(sess, task, node)
+        return Choice(node, groups, new, devices_idle and on_idle)
+    return Choice(node, (), (), on_idle)

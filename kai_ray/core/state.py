@@ -7,7 +7,7 @@ gang that does not fit is rolled back to a checkpoint without a trace (KAI's Sta
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -227,8 +227,13 @@ class JobError:
 @dataclass
 class EvictInfo:
     action: str
-    message: str
     preemptor: str | None
+    # built only for the evictions that are kept: most are simulated and rolled back
+    describe: Callable[[], str]
+
+    @property
+    def message(self) -> str:
+        return self.describe()
 
 
 @dataclass
@@ -285,6 +290,11 @@ class Session:
         self.used_gpu = np.zeros(count, dtype=np.int64)  # whole + one per shared group
         self.rel_gpu = np.zeros(count, dtype=np.int64)
         self.groups: list[dict[str, Group]] = [{} for _ in range(count)]
+        # shared devices as arrays (node x slot), mirrored from `groups` for vectorised fits
+        width = max(1, int(self.cap_gpu.max()) if count else 1)
+        self.dev_used = np.zeros((count, width), dtype=np.int64)
+        self.dev_rel = np.zeros((count, width), dtype=np.int64)
+        self.dev_on = np.zeros((count, width), dtype=bool)
         self.group_seq = 0
         self.undo: list[tuple[object, ...]] = []
         self.job_errors: dict[str, JobError] = {}
@@ -417,10 +427,32 @@ class Session:
 
     # ------------------------------------------------------------------ node bookkeeping
     def _refresh_gpu(self, node: int) -> None:
-        groups = self.groups[node].values()
-        self.used_gpu[node] = self.whole_used[node] + len(self.groups[node])
+        """Recount the node's GPUs and mirror its shared devices into the device arrays."""
+        groups = self.groups[node]
+        self.used_gpu[node] = self.whole_used[node] + len(groups)
+        if not groups:
+            self.rel_gpu[node] = self.whole_rel[node]
+            if self.dev_on[node].any():
+                self.dev_on[node] = False
+            return
         self.rel_gpu[node] = self.whole_rel[node] + sum(
-            1 for g in groups if g.used > 0 and g.used == g.releasing)
+            1 for g in groups.values() if g.used > 0 and g.used == g.releasing)
+        if len(groups) > self.dev_used.shape[1]:
+            self._grow_devices(len(groups))
+        self.dev_on[node] = False
+        self.dev_used[node] = 0
+        self.dev_rel[node] = 0
+        for slot, g in enumerate(groups.values()):
+            self.dev_on[node, slot] = True
+            self.dev_used[node, slot] = g.used
+            self.dev_rel[node, slot] = g.releasing
+
+    def _grow_devices(self, width: int) -> None:
+        pad = width - self.dev_used.shape[1]
+        count = self.dev_used.shape[0]
+        self.dev_used = np.hstack([self.dev_used, np.zeros((count, pad), dtype=np.int64)])
+        self.dev_rel = np.hstack([self.dev_rel, np.zeros((count, pad), dtype=np.int64)])
+        self.dev_on = np.hstack([self.dev_on, np.zeros((count, pad), dtype=bool)])
 
     def _place_resources(self, task: Task, node: int, groups: tuple[str, ...],
                          existing: bool = False) -> None:

@@ -136,7 +136,7 @@ def _check_limits(snapshot: Snapshot, result) -> None:
         assert used <= q.gpu.limit + 1e-9, f"queue {q.name} over its GPU limit"
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(clusters())
 def test_invariants(cluster):
     nodes, queues, first, later, placement = cluster

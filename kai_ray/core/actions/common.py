@@ -40,20 +40,36 @@ def place_tasks(sess: Session, job: JobState, tasks: list[Task], pipeline_only: 
         return False
     checkpoint = sess.checkpoint()
     placed: list[Task] = []
+    last: tuple[Task, int, bool] | None = None  # previous task, its node, its sharing bonus
     for task in tasks:
-        choice, reasons = placement.choose(sess, task)
+        choice = None
+        if last is not None and _same_shape(last[0], task) and placement.sticky_allowed(sess, task):
+            node = last[1]
+            fits, idle = placement.fits_node(sess, task, node)
+            if fits and idle and placement.sharing_bonus_on(sess, task, node) >= last[2]:
+                choice = placement.place_on(sess, task, node, True)
         if choice is None:
-            sess.rollback(checkpoint)
-            if record:
-                record_error(sess, job, "Unschedulable",
-                             gang_message(job, len(placed), len(tasks), task, reasons), reasons)
-            return False
+            choice, reasons = placement.choose(sess, task)
+            if choice is None:
+                sess.rollback(checkpoint)
+                if record:
+                    record_error(sess, job, "Unschedulable",
+                                 gang_message(job, len(placed), len(tasks), task, reasons),
+                                 reasons)
+                return False
+        last = None
+        if choice.on_idle:
+            last = (task, choice.node, placement.sharing_bonus_on(sess, task, choice.node))
         pipelined = pipeline_only or not choice.on_idle
         sess.allocate(task, choice.node, choice.groups, pipelined=pipelined)
         placed.append(task.moved or task)
     if not pipeline_only:
         _pipeline_whole_gang_if_needed(sess, job, placed)
     return True
+
+
+def _same_shape(a: Task, b: Task) -> bool:
+    return a.req == b.req and a.node_selector == b.node_selector
 
 
 def _pipeline_whole_gang_if_needed(sess: Session, job: JobState, placed: list[Task]) -> None:

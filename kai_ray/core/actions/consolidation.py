@@ -4,7 +4,7 @@ preemptible job (kai-spec §6.7)."""
 from __future__ import annotations
 
 from kai_ray.core.actions.allocate import schedulable_jobs
-from kai_ray.core.actions.solver import Solver
+from kai_ray.core.actions.solver import FailedJobs, Solver
 from kai_ray.core.ordering import JobQueue, job_request
 from kai_ray.core.state import JobState, Session, Task
 
@@ -18,8 +18,11 @@ def run(sess: Session) -> None:
     limit = sess.config.max_consolidation_preemptees
     if limit == 0 or sess.config.placement.gpu == "spread" or sess.config.placement.cpu == "spread":
         return
+    failed = FailedJobs()
     queue = JobQueue(sess, [j for j in schedulable_jobs(sess) if j.preemptible])
     while (job := queue.pop()) is not None:
+        if failed.should_skip(job, "cluster"):
+            continue
         if not job.tasks_to_allocate():
             continue
         need = job_request(sess, job)[2]
@@ -35,6 +38,8 @@ def run(sess: Session) -> None:
             return pool if limit < 0 else pool[: limit + 1]
 
         solver = Solver(sess, "consolidation", candidates,
-                        lambda evicted, moved: not evicted, _message)
-        if solver.solve(job) and job.pending_tasks():
+                        lambda evicted, moved: "" if evicted else None, _message)
+        if not solver.solve(job):
+            failed.record(job, "cluster")
+        elif job.pending_tasks():
             queue.push(job)

@@ -7,7 +7,7 @@ import math
 
 from kai_ray.core.actions.allocate import schedulable_jobs
 from kai_ray.core.actions.runtime import protected
-from kai_ray.core.actions.solver import Solver
+from kai_ray.core.actions.solver import FailedJobs, Solver
 from kai_ray.core.ordering import JobQueue, job_request
 from kai_ray.core.state import JobState, QueueState, Session, Task, leq
 
@@ -64,8 +64,10 @@ def _ratio(allocated: float, fair: float) -> float:
 
 
 def reclaimable(sess: Session, copy: _Copy, job: JobState, request: Amounts,
-                evicted: list[Task]) -> bool:
-    """KAI's reclaim validation on the queue numbers frozen at the attempt's start."""
+                evicted: list[Task]) -> str | None:
+    """KAI's reclaim validation on the queue numbers frozen at the attempt's start: None when
+    the victims may be taken, else the victim-side queue that cannot give them ("" if the
+    reclaimer's own side is the problem)."""
     chunks_by_queue: dict[str, list[Amounts]] = {}
     for victim_job in {id(t.job): t.job for t in evicted}.values():
         tasks = [t for t in evicted if t.job is victim_job]
@@ -91,7 +93,7 @@ def reclaimable(sess: Session, copy: _Copy, job: JobState, request: Amounts,
         rem = remaining.setdefault(vq.name, list(copy.allocated[vq.name]))
         for chunk in chunks:
             if not _fits_strategy(copy, request, rq, vq, rem):
-                return False
+                return vq.name
             for q in sess.queue_path(victim_queue):
                 left = remaining.setdefault(q.name, list(copy.allocated[q.name]))
                 for r in range(3):
@@ -112,12 +114,12 @@ def reclaimable(sess: Session, copy: _Copy, job: JobState, request: Amounts,
                 mine_ratio = _ratio(with_request[r], q.fair_share[r])
                 sib_ratio = _ratio(sib_left[r], sib.fair_share[r])
                 if mine_ratio > 1 and sib.fair_share[r] > 0 and mine_ratio * mult >= sib_ratio:
-                    return False
+                    return ""
         if not job.preemptible:
             np_with = [copy.allocated_np[q.name][r] + request[r] for r in range(3)]
             if not leq(np_with, q.deserved):
-                return False
-    return True
+                return ""
+    return None
 
 
 def _fits_strategy(copy: _Copy, request: Amounts, rq: QueueState, vq: QueueState,
@@ -144,8 +146,11 @@ def _message(sess: Session, task: Task, reclaimer: JobState) -> str:
 
 
 def run(sess: Session) -> None:
+    failed = FailedJobs()
     queue = JobQueue(sess, schedulable_jobs(sess))
     while (job := queue.pop()) is not None:
+        if failed.should_skip(job, job.queue):
+            continue
         if not job.tasks_to_allocate():
             continue
         request = job_request(sess, job)
@@ -160,11 +165,13 @@ def run(sess: Session) -> None:
                     and not protected(sess, v, "reclaim", reclaimer_queue=job.queue)]
 
         def validate(evicted: list[Task], moved: list[Task], job: JobState = job,
-                     copy: _Copy = copy, req: Amounts = req) -> bool:
+                     copy: _Copy = copy, req: Amounts = req) -> str | None:
             counted = evicted if sess.config.allow_consolidating_reclaim else evicted + moved
             return reclaimable(sess, copy, job, req, counted)
 
         solver = Solver(sess, "reclaim", candidates, validate,
                         lambda task, preemptor: _message(sess, task, preemptor))
-        if solver.solve(job) and job.pending_tasks():
+        if not solver.solve(job):
+            failed.record(job, job.queue)
+        elif job.pending_tasks():
             queue.push(job)

@@ -10,13 +10,17 @@ moved, one not placed stays evicted. An action-specific validator accepts or rej
 
 from __future__ import annotations
 
+import heapq
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
 
 from kai_ray.core.actions.common import place_tasks
 from kai_ray.core.model import PodStatus
 from kai_ray.core.ordering import JobQueue
-from kai_ray.core.state import EvictInfo, JobState, Session, Task
+from kai_ray.core.state import MILLI, EvictInfo, JobState, Session, Task
 
 _VICTIM_STATES = (PodStatus.ALLOCATED, PodStatus.BINDING, PodStatus.BOUND, PodStatus.RUNNING)
 
@@ -68,7 +72,9 @@ class VictimUnit:
         return list(self.tasks), None
 
 
-Validator = Callable[[list[Task], list[Task]], bool]
+# (evicted, moved) -> None when the scenario is accepted, else the name of a queue that can give
+# nothing more ("" when the rejection says nothing about any queue)
+Validator = Callable[[list[Task], list[Task]], str | None]
 
 
 @dataclass
@@ -78,12 +84,137 @@ class Solution:
 
 
 def victim_units(jobs: Iterable[JobState]) -> list[VictimUnit]:
+    """Victim candidates: pods that were already placed when the cycle began. A pod allocated
+    earlier in this same cycle is not bound yet; evicting it could split its gang's first bind."""
     units = []
     for job in jobs:
-        tasks = [t for t in job.tasks if t.status in _VICTIM_STATES and t.moved is None]
+        tasks = [t for t in job.tasks if t.status in _VICTIM_STATES and t.moved is None
+                 and t.orig_status in _VICTIM_STATES]
         if tasks:
             units.append(VictimUnit(job, tasks))
     return units
+
+
+class _GpuRoom:
+    """KAI's accumulated idle-GPU filter, made device-aware: can the prefix's GPU requests be
+    matched greedily to what is free plus what the victims would free? Whole-GPU requests need
+    whole devices (a shared device frees up only when all its sharers go); fractional requests
+    need one device with enough room each. If not, no simulation can work."""
+
+    def __init__(self, sess: Session, prefix: list[Task]) -> None:
+        self.sess = sess
+        self.whole_needed = sorted((t.req.gpus for t in prefix if t.req.gpus), reverse=True)
+        # the cheapest a request can be anywhere (gpu-memory costs least on the biggest GPUs)
+        widest = int(np.argmax(sess.gpu_mem)) if len(sess.nodes) else 0
+        self.fractions_needed = sorted(
+            (sess.device_cost(t.req, widest) for t in prefix
+             for _ in range(t.req.fraction_devices) if t.req.is_shared), reverse=True)
+        free = sess.free_gpu()
+        schedulable = np.flatnonzero(sess.schedulable)
+        # sparse: in a busy cluster few nodes have room, and victims add to few more
+        self.base = {int(n): int(free[n]) for n in schedulable if free[n] > 0}
+        self.devices = {(int(n), g.gid): MILLI - g.used + g.releasing
+                        for n in schedulable for g in sess.groups[int(n)].values()
+                        if g.releasing < g.used}
+        self.victims: list[Task] = []
+
+    def add_victim(self, task: Task) -> None:
+        self.victims.append(task)
+
+    def enough(self) -> bool:
+        return self.enough_with(self.victims)
+
+    def enough_with(self, victims: list[Task]) -> bool:
+        if not self.whole_needed and not self.fractions_needed:
+            return True
+        sess = self.sess
+        whole = dict(self.base)
+        devices = dict(self.devices) if self.fractions_needed else {}
+        freed: dict[tuple[int, str], int] = {}
+        for t in victims:
+            if t.node < 0 or not sess.schedulable[t.node]:
+                continue
+            if t.req.gpus:
+                whole[t.node] = whole.get(t.node, 0) + t.req.gpus
+                continue
+            for gid in t.groups:
+                key = (t.node, gid)
+                freed[key] = freed.get(key, 0) + t.gpu_mem_cost
+                group = sess.groups[t.node].get(gid)
+                if group is None:
+                    continue
+                if freed[key] + group.releasing >= group.used:
+                    whole[t.node] = whole.get(t.node, 0) + 1
+                    devices.pop(key, None)
+                elif self.fractions_needed:
+                    devices[key] = MILLI - group.used + group.releasing + freed[key]
+        heap = [-v for v in whole.values()]
+        heapq.heapify(heap)
+        for need in self.whole_needed:
+            most = -heapq.heappop(heap) if heap else 0
+            if most < need:
+                return False
+            heapq.heappush(heap, -(most - need))
+        if not self.fractions_needed:
+            return True
+        rooms = [-v for v in devices.values()] + [-MILLI] * (-sum(heap))
+        heapq.heapify(rooms)
+        for cost in self.fractions_needed:
+            most = -heapq.heappop(rooms) if rooms else 0
+            if most < cost:
+                return False
+            heapq.heappush(rooms, -(most - cost))
+        return True
+
+
+def _gpu_amount(task: Task) -> float:
+    req = task.req
+    if req.gpus:
+        return float(req.gpus)
+    if req.gpu_fraction_milli:
+        return req.gpu_fraction_milli / 1000 * req.fraction_devices
+    return 0.0
+
+
+class FailedJobs:
+    """KAI's scheduling signatures: within one action, skip a job that looks like one that
+    already failed (same constraints) unless it is strictly easier to place."""
+
+    def __init__(self) -> None:
+        self.failed: dict[tuple[object, ...], list[tuple[float, int, int]]] = {}
+
+    @staticmethod
+    def _key(job: JobState, scope: str) -> tuple[object, ...]:
+        kinds = tuple(sorted({(t.req.gpus > 0, t.req.gpu_fraction_milli > 0,
+                               t.req.gpu_memory_mib > 0, t.node_selector)
+                              for t in job.pending_tasks()}, key=repr))
+        return (scope, job.priority, job.preemptible, kinds)
+
+    @staticmethod
+    def _footprint(job: JobState) -> list[tuple[float, int, int]]:
+        return sorted(((_gpu_amount(t), t.req.cpu_m, t.req.memory) for t in job.pending_tasks()),
+                      reverse=True)
+
+    def should_skip(self, job: JobState, scope: str) -> bool:
+        known = self.failed.get(self._key(job, scope))
+        if known is None:
+            return False
+        mine = self._footprint(job)
+        if len(mine) < len(known):
+            return False
+        for a, b in zip(mine, known, strict=False):
+            if a != b:
+                return not all(x <= y for x, y in zip(a, b, strict=True))
+        return True
+
+    def record(self, job: JobState, scope: str) -> None:
+        key = self._key(job, scope)
+        mine = self._footprint(job)
+        known = self.failed.get(key)
+        if known is None or (len(mine) <= len(known)
+                             and all(all(x <= y for x, y in zip(a, b, strict=True))
+                                     for a, b in zip(mine, known, strict=False))):
+            self.failed[key] = mine
 
 
 class Solver:
@@ -93,11 +224,15 @@ class Solver:
         self.action = action
         self.candidates = candidates
         self.validator = validator
+        # queues a validator said can give nothing more: their other jobs are not tried as
+        # victims for this job (more victims from them would be rejected the same way)
+        self.exhausted: set[str] = set()
         self.message = message
 
     def solve(self, job: JobState) -> bool:
         """Try to make room for `job`; on success the winning scenario stays applied."""
         sess = self.sess
+        self.exhausted = set()
         tasks = job.tasks_to_allocate()
         if not tasks:
             return False
@@ -120,14 +255,27 @@ class Solver:
 
     def _solve_prefix(self, job: JobState, prefix: list[Task], recorded: list[Task]
                       ) -> list[Task] | None:
-        if recorded:
+        room = _GpuRoom(self.sess, prefix)
+        for t in recorded:
+            room.add_victim(t)
+        if recorded and room.enough():
             result = self._try(job, prefix, recorded)
             if result is not None:
                 return result
         recorded_set = {id(t) for t in recorded}
-        queue = JobQueue(self.sess, victim_units(self.candidates()), reverse=True)
+        units = victim_units(self.candidates())
+        everything = _GpuRoom(self.sess, prefix)
+        for candidate in units:
+            for t in candidate.tasks:
+                everything.add_victim(t)
+        if not everything.enough():
+            return None  # not even every candidate victim together would make room
+        queue = JobQueue(self.sess, units, reverse=True)
         potential: list[Task] = []
         while (unit := queue.pop()) is not None:
+            if self.exhausted and any(q.name in self.exhausted
+                                      for q in self.sess.queue_path(unit.queue)):
+                continue
             taken, rest = unit.take()
             if any(id(t) in recorded_set for t in taken):
                 remaining = [t for t in unit.tasks if id(t) not in recorded_set]
@@ -137,8 +285,14 @@ class Solver:
             if rest is not None:
                 queue.push(rest)
             potential.extend(taken)
+            for t in taken:
+                room.add_victim(t)
+            if not room.enough():
+                continue  # even every victim so far would not free enough GPUs: skip simulating
             for node in sorted({t.node for t in taken}):
                 scenario = recorded + [t for t in potential if t.node == node]
+                if not room.enough_with(scenario):
+                    continue
                 result = self._try(job, prefix, scenario)
                 if result is not None:
                     return result
@@ -151,7 +305,8 @@ class Solver:
         checkpoint = sess.checkpoint()
         for task in victims:
             sess.evict(task)
-            sess.evict_info[task.idx] = EvictInfo(self.action, self.message(task, job), job.name)
+            sess.evict_info[task.idx] = EvictInfo(self.action, job.name,
+                                                  partial(self.message, task, job))
         victim_jobs = list({id(t.job): t.job for t in victims}.values())
         order: JobQueue[JobState] = JobQueue(sess, [job, *victim_jobs], simulation=True)
         while (next_job := order.pop()) is not None:
@@ -166,7 +321,10 @@ class Solver:
                 place_tasks(sess, next_job, again, pipeline_only=True, record=False)
         evicted = [t for t in victims if t.status == PodStatus.RELEASING and t.moved is None]
         moved = [t for t in victims if t.moved is not None]
-        if not self.validator(evicted, moved):
+        rejected = self.validator(evicted, moved)
+        if rejected is not None:
             sess.rollback(checkpoint)
+            if rejected:
+                self.exhausted.add(rejected)
             return None
         return evicted + moved

@@ -3,6 +3,8 @@ evicted whole (kai-spec §6.8)."""
 
 from __future__ import annotations
 
+from functools import partial
+
 from kai_ray.core.model import ACTIVE_ALLOCATED, ACTIVE_USED, PodStatus
 from kai_ray.core.state import EvictInfo, JobState, Session
 
@@ -32,7 +34,7 @@ def run(sess: Session, stale_set: dict[str, float], stale_cleared: list[str]) ->
         for task in job.tasks:
             if task.status in ACTIVE_ALLOCATED and task.moved is None:
                 sess.evict(task)
-                sess.evict_info[task.idx] = EvictInfo(
-                    "stalegangeviction",
-                    f"Workload doesn't meet the minimum required number of pods ({minimum}), "
-                    f"evicting remaining pod: {task.namespace}/{task.name}", None)
+                message = (f"Workload doesn't meet the minimum required number of pods "
+                           f"({minimum}), evicting remaining pod: {task.namespace}/{task.name}")
+                sess.evict_info[task.idx] = EvictInfo("stalegangeviction", None,
+                                                      partial(str, message))
