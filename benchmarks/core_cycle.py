@@ -21,7 +21,8 @@ def main() -> int:
     parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000, 5000])
     parser.add_argument("--repeat", type=int, default=5)
     args = parser.parse_args()
-    print(f"{'nodes':>6} {'pods':>7} {'pending':>8} {'median s':>9} {'min s':>7}  per action (median s)")
+    print(f"{'nodes':>6} {'pods':>7} {'pending':>8} {'median s':>9} {'min s':>7}  "
+          "per action (median s)")
     for size in args.sizes:
         snap = cluster(size)
         pods = sum(len(j.pods) for j in snap.jobs)

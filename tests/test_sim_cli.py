@@ -29,7 +29,8 @@ def test_conformance_exit_code_and_summary(tmp_path, capsys):
 
 def test_unsupported_field_fails_loudly(tmp_path, capsys):
     f = tmp_path / "x.yaml"
-    f.write_text("scenarios:\n- id: X\n  run: allocate\n  nodes: [{name: n, gpus: 1, colour: red}]\n")
+    f.write_text("scenarios:\n- id: X\n  run: allocate\n"
+                 "  nodes: [{name: n, gpus: 1, colour: red}]\n")
     assert main(["conformance", str(f)]) == 1
     out = capsys.readouterr().out
     assert "nodes.0.colour" in out and "0 passed, 1 failed" in out

@@ -120,7 +120,12 @@ class JobQueue(Generic[E]):
         self.heaps: dict[str, list[tuple[object, int, E]]] = {}
         self.seq = 0
         for item in items:
-            self.push(item)
+            key = item.order_key()
+            self.seq += 1
+            self.heaps.setdefault(item.queue, []).append(
+                (_Rev(key) if reverse else key, self.seq, item))
+        for heap in self.heaps.values():
+            heapq.heapify(heap)
 
     def push(self, item: E) -> None:
         key = item.order_key()

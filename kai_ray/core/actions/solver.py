@@ -25,12 +25,18 @@ from kai_ray.core.state import MILLI, EvictInfo, JobState, Session, Task
 _VICTIM_STATES = (PodStatus.ALLOCATED, PodStatus.BINDING, PodStatus.BOUND, PodStatus.RUNNING)
 
 
-@dataclass
 class VictimUnit:
     """Part of a victim job still available to take (KAI clones the job with these tasks)."""
 
-    job: JobState
-    tasks: list[Task]
+    __slots__ = ("by_set", "job", "key", "tasks")
+
+    def __init__(self, job: JobState, tasks: list[Task]) -> None:
+        self.job = job
+        self.tasks = tasks
+        self.by_set: dict[str, list[Task]] = {name: [] for name in job.podsets}
+        for t in tasks:
+            self.by_set.get(t.subgroup, self.by_set.get("default", [])).append(t)
+        self.key = (-job.priority, self._rank(), job.created, job.name)
 
     @property
     def queue(self) -> str:
@@ -38,8 +44,8 @@ class VictimUnit:
 
     def _rank(self) -> int:
         at_min = True
-        for ps in self.job.podsets.values():
-            count = sum(1 for t in self.tasks if t in ps.tasks)
+        for name, ps in self.job.podsets.items():
+            count = len(self.by_set[name])
             if count < ps.min_member:
                 return 0
             if count > ps.min_member:
@@ -47,25 +53,21 @@ class VictimUnit:
         return 1 if at_min else 2
 
     def order_key(self) -> tuple[int, int, float, str]:
-        return (-self.job.priority, self._rank(), self.job.created, self.job.name)
+        return self.key
 
     def taken_amount(self) -> tuple[float, float, float]:
         """What the queue loses when this unit is taken (its next tasks to evict)."""
         taken, _ = self.take()
-        amounts = [self.job_sess_amount(t) for t in taken]
-        return (sum(a[0] for a in amounts), sum(a[1] for a in amounts),
-                sum(a[2] for a in amounts))
-
-    def job_sess_amount(self, task: Task) -> tuple[float, float, float]:
-        return (float(task.req.cpu_m), float(task.req.memory), task.accepted_gpu)
+        return (float(sum(t.req.cpu_m for t in taken)), float(sum(t.req.memory for t in taken)),
+                sum(t.accepted_gpu for t in taken))
 
     def take(self) -> tuple[list[Task], VictimUnit | None]:
         """Tasks to evict next: one extra task of a podset above its minimum, else all."""
-        by_set = [(ps, [t for t in self.tasks if t in ps.tasks])
-                  for ps in self.job.podsets.values()]
-        above = [(ps, ts) for ps, ts in by_set if len(ts) > ps.min_member]
+        above = [(name, ts) for name, ts in self.by_set.items()
+                 if len(ts) > self.job.podsets[name].min_member]
         if above:
-            _, ts = max(above, key=lambda item: (len(item[1]) / item[0].min_member, item[0].name))
+            _, ts = max(above, key=lambda item: (
+                len(item[1]) / self.job.podsets[item[0]].min_member, item[0]))
             victim = max(ts, key=Task.sort_key)
             rest = [t for t in self.tasks if t is not victim]
             return [victim], VictimUnit(self.job, rest)
@@ -95,60 +97,78 @@ def victim_units(jobs: Iterable[JobState]) -> list[VictimUnit]:
     return units
 
 
+class _FreeGpus:
+    """Free whole GPUs per node and free room per shared device, sparse (a busy cluster has
+    few nodes with room). Computed once per job attempt: every prefix starts from this state."""
+
+    def __init__(self, sess: Session) -> None:
+        free = sess.free_gpu()
+        schedulable = np.flatnonzero(sess.schedulable)
+        self.whole = {int(n): int(free[n]) for n in schedulable if free[n] > 0}
+        self.devices = {(int(n), g.gid): MILLI - g.used + g.releasing
+                        for n in schedulable for g in sess.groups[int(n)].values()
+                        if g.releasing < g.used}
+
+
 class _GpuRoom:
     """KAI's accumulated idle-GPU filter, made device-aware: can the prefix's GPU requests be
     matched greedily to what is free plus what the victims would free? Whole-GPU requests need
     whole devices (a shared device frees up only when all its sharers go); fractional requests
     need one device with enough room each. If not, no simulation can work."""
 
-    def __init__(self, sess: Session, prefix: list[Task]) -> None:
+    def __init__(self, sess: Session, base: _FreeGpus, prefix: list[Task]) -> None:
         self.sess = sess
+        self.base = base
         self.whole_needed = sorted((t.req.gpus for t in prefix if t.req.gpus), reverse=True)
         # the cheapest a request can be anywhere (gpu-memory costs least on the biggest GPUs)
         widest = int(np.argmax(sess.gpu_mem)) if len(sess.nodes) else 0
         self.fractions_needed = sorted(
             (sess.device_cost(t.req, widest) for t in prefix
              for _ in range(t.req.fraction_devices) if t.req.is_shared), reverse=True)
-        free = sess.free_gpu()
-        schedulable = np.flatnonzero(sess.schedulable)
-        # sparse: in a busy cluster few nodes have room, and victims add to few more
-        self.base = {int(n): int(free[n]) for n in schedulable if free[n] > 0}
-        self.devices = {(int(n), g.gid): MILLI - g.used + g.releasing
-                        for n in schedulable for g in sess.groups[int(n)].values()
-                        if g.releasing < g.used}
-        self.victims: list[Task] = []
+        self.trivial = not self.whole_needed and not self.fractions_needed
+        self.whole = dict(base.whole)
+        self.devices = dict(base.devices)
+        self.freed: dict[tuple[int, str], int] = {}
 
     def add_victim(self, task: Task) -> None:
-        self.victims.append(task)
+        if not self.trivial:
+            self._free(task, self.whole, self.devices, self.freed)
 
     def enough(self) -> bool:
-        return self.enough_with(self.victims)
+        return self.trivial or self._match(self.whole, self.devices)
 
     def enough_with(self, victims: list[Task]) -> bool:
-        if not self.whole_needed and not self.fractions_needed:
+        """The same test when only `victims` go (one scenario)."""
+        if self.trivial:
             return True
-        sess = self.sess
-        whole = dict(self.base)
-        devices = dict(self.devices) if self.fractions_needed else {}
+        whole, devices = dict(self.base.whole), dict(self.base.devices)
         freed: dict[tuple[int, str], int] = {}
         for t in victims:
-            if t.node < 0 or not sess.schedulable[t.node]:
+            self._free(t, whole, devices, freed)
+        return self._match(whole, devices)
+
+    def _free(self, t: Task, whole: dict[int, int], devices: dict[tuple[int, str], int],
+              freed: dict[tuple[int, str], int]) -> None:
+        sess = self.sess
+        if t.node < 0 or not sess.schedulable[t.node]:
+            return
+        if t.req.gpus:
+            whole[t.node] = whole.get(t.node, 0) + t.req.gpus
+            return
+        for gid in t.groups:
+            key = (t.node, gid)
+            freed[key] = freed.get(key, 0) + t.gpu_mem_cost
+            group = sess.groups[t.node].get(gid)
+            if group is None:
                 continue
-            if t.req.gpus:
-                whole[t.node] = whole.get(t.node, 0) + t.req.gpus
-                continue
-            for gid in t.groups:
-                key = (t.node, gid)
-                freed[key] = freed.get(key, 0) + t.gpu_mem_cost
-                group = sess.groups[t.node].get(gid)
-                if group is None:
-                    continue
-                if freed[key] + group.releasing >= group.used:
-                    whole[t.node] = whole.get(t.node, 0) + 1
-                    devices.pop(key, None)
-                elif self.fractions_needed:
-                    devices[key] = MILLI - group.used + group.releasing + freed[key]
-        heap = [-v for v in whole.values()]
+            if freed[key] + group.releasing >= group.used:
+                whole[t.node] = whole.get(t.node, 0) + 1
+                devices.pop(key, None)
+            else:
+                devices[key] = MILLI - group.used + group.releasing + freed[key]
+
+    def _match(self, whole: dict[int, int], devices: dict[tuple[int, str], int]) -> bool:
+        heap = [-v for v in whole.values() if v > 0]
         heapq.heapify(heap)
         for need in self.whole_needed:
             most = -heapq.heappop(heap) if heap else 0
@@ -157,7 +177,7 @@ class _GpuRoom:
             heapq.heappush(heap, -(most - need))
         if not self.fractions_needed:
             return True
-        rooms = [-v for v in devices.values()] + [-MILLI] * (-sum(heap))
+        rooms = [-v for v in devices.values() if v > 0] + [-MILLI] * (-sum(heap))
         heapq.heapify(rooms)
         for cost in self.fractions_needed:
             most = -heapq.heappop(rooms) if rooms else 0
@@ -228,6 +248,8 @@ class Solver:
         # victims for this job (more victims from them would be rejected the same way)
         self.exhausted: set[str] = set()
         self.message = message
+        self._units: list[VictimUnit] = []
+        self._free = _FreeGpus(sess)
 
     def solve(self, job: JobState) -> bool:
         """Try to make room for `job`; on success the winning scenario stays applied."""
@@ -238,6 +260,10 @@ class Solver:
             return False
         base = sess.checkpoint()
         active_before = job.active_count()
+        # the state is rolled back to `base` before every prefix, so the candidates and the free
+        # GPUs are the same for all of them
+        self._units = victim_units(self.candidates())
+        self._free = _FreeGpus(sess)
         recorded: list[Task] = []
         solved = False
         for k in range(1, len(tasks) + 1):
@@ -255,7 +281,7 @@ class Solver:
 
     def _solve_prefix(self, job: JobState, prefix: list[Task], recorded: list[Task]
                       ) -> list[Task] | None:
-        room = _GpuRoom(self.sess, prefix)
+        room = _GpuRoom(self.sess, self._free, prefix)
         for t in recorded:
             room.add_victim(t)
         if recorded and room.enough():
@@ -263,14 +289,13 @@ class Solver:
             if result is not None:
                 return result
         recorded_set = {id(t) for t in recorded}
-        units = victim_units(self.candidates())
-        everything = _GpuRoom(self.sess, prefix)
-        for candidate in units:
+        everything = _GpuRoom(self.sess, self._free, prefix)
+        for candidate in self._units:
             for t in candidate.tasks:
                 everything.add_victim(t)
         if not everything.enough():
             return None  # not even every candidate victim together would make room
-        queue = JobQueue(self.sess, units, reverse=True)
+        queue = JobQueue(self.sess, self._units, reverse=True)
         potential: list[Task] = []
         while (unit := queue.pop()) is not None:
             if self.exhausted and any(q.name in self.exhausted
