@@ -127,6 +127,14 @@ class JobQueue(Generic[E]):
         for heap in self.heaps.values():
             heapq.heapify(heap)
 
+    def clone(self) -> JobQueue[E]:
+        """An independent copy (heap lists are copied, so the heap order is kept)."""
+        other: JobQueue[E] = JobQueue(self.sess, (), self.reverse, self.simulation)
+        other.heaps = {q: list(h) for q, h in self.heaps.items()}
+        other.seq = self.seq
+        other.taken = dict(self.taken)
+        return other
+
     def push(self, item: E) -> None:
         key = item.order_key()
         entry: object = _Rev(key) if self.reverse else key

@@ -40,14 +40,15 @@ def place_tasks(sess: Session, job: JobState, tasks: list[Task], pipeline_only: 
         return False
     checkpoint = sess.checkpoint()
     placed: list[Task] = []
-    last: tuple[Task, int, bool] | None = None  # previous task, its node, its sharing bonus
+    # previous task, its node, whether it fit on idle resources, its node's sharing bonus
+    last: tuple[Task, int, bool, bool] | None = None
     for task in tasks:
         choice = None
         if last is not None and _same_shape(last[0], task) and placement.sticky_allowed(sess, task):
             node = last[1]
             fits, idle = placement.fits_node(sess, task, node)
-            if fits and idle and placement.sharing_bonus_on(sess, task, node) >= last[2]:
-                choice = placement.place_on(sess, task, node, True)
+            if fits and idle == last[2] and placement.sharing_bonus_on(sess, task, node) >= last[3]:
+                choice = placement.place_on(sess, task, node, idle)
         if choice is None:
             choice, reasons = placement.choose(sess, task)
             if choice is None:
@@ -57,9 +58,8 @@ def place_tasks(sess: Session, job: JobState, tasks: list[Task], pipeline_only: 
                                  gang_message(job, len(placed), len(tasks), task, reasons),
                                  reasons)
                 return False
-        last = None
-        if choice.on_idle:
-            last = (task, choice.node, placement.sharing_bonus_on(sess, task, choice.node))
+        last = (task, choice.node, choice.on_idle,
+                placement.sharing_bonus_on(sess, task, choice.node))
         pipelined = pipeline_only or not choice.on_idle
         sess.allocate(task, choice.node, choice.groups, pipelined=pipelined)
         placed.append(task.moved or task)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kai_ray.core.actions.allocate import schedulable_jobs
 from kai_ray.core.actions.runtime import protected
-from kai_ray.core.actions.solver import FailedJobs, Solver
+from kai_ray.core.actions.solver import FailedJobs, Solver, VictimCache
 from kai_ray.core.capacity import check_non_preemptible, job_level_request
 from kai_ray.core.ordering import JobQueue
 from kai_ray.core.state import JobState, Session, Task
@@ -18,6 +18,7 @@ def _message(task: Task, preemptor: JobState) -> str:
 
 def run(sess: Session) -> None:
     failed = FailedJobs()
+    cache = VictimCache()
     queue = JobQueue(sess, schedulable_jobs(sess))
     while (job := queue.pop()) is not None:
         if failed.should_skip(job, job.queue):
@@ -34,8 +35,8 @@ def run(sess: Session) -> None:
                     if v is not job and v.queue == job.queue and v.preemptible
                     and v.priority < job.priority and not protected(sess, v, "preempt")]
 
-        solver = Solver(sess, "preempt", candidates,
-                        lambda evicted, moved: None, _message)
+        solver = Solver(sess, "preempt", candidates, lambda evicted, moved: None, _message,
+                        cache, (job.queue, job.priority))
         if not solver.solve(job):
             failed.record(job, job.queue)
         elif job.pending_tasks():

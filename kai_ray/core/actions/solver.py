@@ -109,6 +109,16 @@ class _FreeGpus:
                         for n in schedulable for g in sess.groups[int(n)].values()
                         if g.releasing < g.used}
 
+    def with_victims(self, sess: Session, victims: list[Task]) -> _FreeGpus:
+        """The same after all `victims` are gone."""
+        room = _GpuRoom(sess, self, [])
+        freed: dict[tuple[int, str], int] = {}
+        for t in victims:
+            room.free_into(t, room.whole, room.devices, freed)
+        out = _FreeGpus.__new__(_FreeGpus)
+        out.whole, out.devices = room.whole, room.devices
+        return out
+
 
 class _GpuRoom:
     """KAI's accumulated idle-GPU filter, made device-aware: can the prefix's GPU requests be
@@ -132,7 +142,7 @@ class _GpuRoom:
 
     def add_victim(self, task: Task) -> None:
         if not self.trivial:
-            self._free(task, self.whole, self.devices, self.freed)
+            self.free_into(task, self.whole, self.devices, self.freed)
 
     def enough(self) -> bool:
         return self.trivial or self._match(self.whole, self.devices)
@@ -144,10 +154,10 @@ class _GpuRoom:
         whole, devices = dict(self.base.whole), dict(self.base.devices)
         freed: dict[tuple[int, str], int] = {}
         for t in victims:
-            self._free(t, whole, devices, freed)
+            self.free_into(t, whole, devices, freed)
         return self._match(whole, devices)
 
-    def _free(self, t: Task, whole: dict[int, int], devices: dict[tuple[int, str], int],
+    def free_into(self, t: Task, whole: dict[int, int], devices: dict[tuple[int, str], int],
               freed: dict[tuple[int, str], int]) -> None:
         sess = self.sess
         if t.node < 0 or not sess.schedulable[t.node]:
@@ -237,10 +247,40 @@ class FailedJobs:
             self.failed[key] = mine
 
 
+class VictimCache:
+    """Victim candidates and free GPUs for one action run. Jobs that fail roll the session back,
+    so these stay valid until a job succeeds (the undo log then grows): keyed by its length and
+    by the candidates' scope (which victims a job may take)."""
+
+    def __init__(self) -> None:
+        self.version = -1
+        self.free: _FreeGpus | None = None
+        self.entries: dict[object, tuple[list[VictimUnit], _FreeGpus,
+                                         JobQueue[VictimUnit]]] = {}
+
+    def get(self, sess: Session, scope: object, candidates: Callable[[], list[JobState]]
+            ) -> tuple[list[VictimUnit], _FreeGpus, _FreeGpus, JobQueue[VictimUnit]]:
+        if self.version != len(sess.undo) or self.free is None:
+            self.version = len(sess.undo)
+            self.free = _FreeGpus(sess)
+            self.entries = {}
+        entry = self.entries.get(scope) if scope is not None else None
+        if entry is None:
+            units = victim_units(candidates())
+            all_freed = self.free.with_victims(sess, [t for u in units for t in u.tasks])
+            entry = (units, all_freed, JobQueue(sess, units, reverse=True))
+            if scope is not None:
+                self.entries[scope] = entry
+        return entry[0], self.free, entry[1], entry[2]
+
+
 class Solver:
     def __init__(self, sess: Session, action: str, candidates: Callable[[], list[JobState]],
-                 validator: Validator, message: Callable[[Task, JobState], str]) -> None:
+                 validator: Validator, message: Callable[[Task, JobState], str],
+                 cache: VictimCache | None = None, scope: object = None) -> None:
         self.sess = sess
+        self.cache = cache if cache is not None else VictimCache()
+        self.scope = scope
         self.action = action
         self.candidates = candidates
         self.validator = validator
@@ -249,7 +289,8 @@ class Solver:
         self.exhausted: set[str] = set()
         self.message = message
         self._units: list[VictimUnit] = []
-        self._free = _FreeGpus(sess)
+        self._free = self._all_freed = _FreeGpus(sess)
+        self._victim_queue: JobQueue[VictimUnit] = JobQueue(sess, (), reverse=True)
 
     def solve(self, job: JobState) -> bool:
         """Try to make room for `job`; on success the winning scenario stays applied."""
@@ -262,8 +303,8 @@ class Solver:
         active_before = job.active_count()
         # the state is rolled back to `base` before every prefix, so the candidates and the free
         # GPUs are the same for all of them
-        self._units = victim_units(self.candidates())
-        self._free = _FreeGpus(sess)
+        (self._units, self._free, self._all_freed,
+         self._victim_queue) = self.cache.get(sess, self.scope, self.candidates)
         recorded: list[Task] = []
         solved = False
         for k in range(1, len(tasks) + 1):
@@ -289,13 +330,9 @@ class Solver:
             if result is not None:
                 return result
         recorded_set = {id(t) for t in recorded}
-        everything = _GpuRoom(self.sess, self._free, prefix)
-        for candidate in self._units:
-            for t in candidate.tasks:
-                everything.add_victim(t)
-        if not everything.enough():
+        if not _GpuRoom(self.sess, self._all_freed, prefix).enough():
             return None  # not even every candidate victim together would make room
-        queue = JobQueue(self.sess, self._units, reverse=True)
+        queue = self._victim_queue.clone()
         potential: list[Task] = []
         while (unit := queue.pop()) is not None:
             if self.exhausted and any(q.name in self.exhausted
