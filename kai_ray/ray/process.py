@@ -141,9 +141,9 @@ def cap_gpu_memory(*, force: bool = False) -> CapReport:
     naming the variable when the pod's GPU env is malformed.
     """
     with _state.lock:
+        _arm()
         pod, share, cap = _compute(force)
         _state.pod, _state.ray, _state.cap = pod, share, cap
-        _arm()
         if cap is None:
             _state.notes = ["Ray has not assigned resources yet (worker setup): the cap is "
                             "applied when a task or actor starts using a framework"]
@@ -316,6 +316,10 @@ def worker_setup_hook() -> None:
         _state.in_setup_hook = True
         try:
             cap_gpu_memory()
+        except GpuEnvError as e:
+            # a failing setup hook only kills the worker with a generic message; the same
+            # error is raised again, naming the variable, when the task or actor applies its cap
+            warnings.warn(f"kai_ray: {e}", RuntimeWarning, stacklevel=2)
         finally:
             _state.in_setup_hook = False
             _state.cap = None  # computed again inside the first task or actor
