@@ -22,6 +22,7 @@ class RayShare:
     num_gpus: float  # Ray's assigned GPU amount (0 when none)
     gpu_ids: tuple[str, ...]  # Ray GPU ids in this process's CUDA order
     label: str  # "actor 1a2b…", "task 3c4d…", "driver"
+    key: str = ""  # actor or task id: a reused worker process gets a new key per task
 
 
 @dataclass(frozen=True)

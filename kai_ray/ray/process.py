@@ -99,8 +99,9 @@ def _ray_share() -> RayShare | None:
     resources = ctx.get_assigned_resources()
     ids = tuple(str(i) for i in ctx.get_accelerator_ids().get("GPU", []))
     actor = ctx.get_actor_id()
-    label = f"actor {actor[:8]}" if actor else f"task {(ctx.get_task_id() or '?')[:8]}"
-    return RayShare(True, float(resources.get("GPU", 0.0)), ids, label)
+    key = actor or ctx.get_task_id() or "?"
+    label = f"actor {key[:8]}" if actor else f"task {key[:8]}"
+    return RayShare(True, float(resources.get("GPU", 0.0)), ids, label, key)
 
 
 # --------------------------------------------------------------------------------- apply
@@ -161,12 +162,16 @@ def cap_gpu_memory(*, force: bool = False) -> CapReport:
         return _report()
 
 
-def _ensure_cap() -> GpuCap | None:
-    """The cap for a hook firing inside a task: compute it if the process has none yet."""
-    if _state.cap is None or _state.ray is None:
-        _, share, cap = _compute(False)
-        _state.ray, _state.cap = share, cap
-    return _state.cap
+def _first_use() -> bool:
+    """A hook fired before this task or actor applied its cap: apply it to everything now."""
+    if _state.cap is not None and _state.ray is not None:
+        if not _state.ray.in_ray_worker:
+            return False
+        now = _ray_share()
+        if now is None or now.key == _state.ray.key:
+            return False
+    report = cap_gpu_memory()
+    return report.mode != "pending"
 
 
 def _before(name: str) -> Callable[[str], None]:
@@ -174,7 +179,9 @@ def _before(name: str) -> Callable[[str], None]:
 
     def hook(_: str) -> None:
         with _state.lock:
-            cap = _ensure_cap()
+            if _first_use():
+                return
+            cap = _state.cap
             if cap is not None and cap.active:
                 _run(lambda: adapter(cap), name)
 
@@ -184,7 +191,9 @@ def _before(name: str) -> Callable[[str], None]:
 def _after(name: str) -> Callable[[ModuleType], None]:
     def hook(_: ModuleType) -> None:
         with _state.lock:
-            cap = _ensure_cap()
+            if _first_use():
+                return
+            cap = _state.cap
             if cap is None or not cap.active:
                 return
             if name == "torch":
@@ -239,8 +248,10 @@ def current_cap() -> CapReport:
     imported), this applies it now; elsewhere it reports without changing anything.
     """
     with _state.lock:
-        if _state.cap is None or _state.ray is None:
-            share = _ray_share()
+        share = _ray_share()
+        stale = (share is not None and share.in_ray_worker
+                 and (_state.ray is None or _state.ray.key != share.key))
+        if stale or _state.cap is None or _state.ray is None:
             if share is not None and (share.in_ray_worker or _state.armed):
                 return cap_gpu_memory()
             pod, share, cap = _compute(False)

@@ -70,6 +70,9 @@ def test_runtime_env_alone_caps_jax_imported_in_an_actor(ray_session):
     report = ray_session.get(a.report.remote())
     assert report["frameworks"]["jax"]["detail"].startswith(
         "set XLA_CLIENT_MEM_FRACTION=0.2343 before JAX was imported")
+    # the first hook that fired applied the whole cap, not only JAX's part
+    assert {"cupy", "mps", "torch", "tensorflow"} <= set(report["frameworks"])
+    assert report["notes"] == []
     ray_session.kill(a)
 
 
