@@ -158,8 +158,9 @@ def compute_cap(
             total = next(iter(totals.values()))  # identical devices: any size will do
         share: float | None
         if pod.memory_limit_mib is not None:
-            limit: int | None = int(per * pod.memory_limit_mib * MIB)
-            share = None if total is None else min(1.0, limit / total)
+            explicit = int(per * pod.memory_limit_mib * MIB)
+            limit: int | None = explicit
+            share = None if total is None else min(1.0, explicit / total)
         else:
             share = per * portion
             limit = None if total is None else int(share * total)

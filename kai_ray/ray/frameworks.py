@@ -81,8 +81,8 @@ def restore_env() -> None:
 
 def _floor(x: float, digits: int = 4) -> float:
     """Round down so a setting never exceeds the cap."""
-    scale = 10**digits
-    return math.floor(x * scale) / scale
+    scale = 10.0**digits
+    return float(math.floor(x * scale)) / scale
 
 
 def env_fraction(cap: GpuCap) -> tuple[float | None, str]:
@@ -167,6 +167,16 @@ def apply_jax(cap: GpuCap) -> FrameworkResult:
 # ---------------------------------------------------------------------------------- CuPy
 
 
+def _cupy_within(theirs: str, limit_bytes: int | None, share: float | None) -> bool:
+    """Whether the user's CUPY_GPU_MEMORY_LIMIT is already at or below the cap."""
+    try:
+        if theirs.strip().endswith("%"):
+            return share is not None and float(theirs.strip()[:-1]) / 100 <= share
+        return limit_bytes is not None and int(theirs) <= limit_bytes
+    except ValueError:
+        return False
+
+
 def apply_cupy(cap: GpuCap) -> FrameworkResult:
     limit_bytes = cap.min_cap_bytes()
     share = cap.min_share()
@@ -177,7 +187,7 @@ def apply_cupy(cap: GpuCap) -> FrameworkResult:
     else:
         return FrameworkResult("cupy", SKIPPED, "device memory unknown")
     theirs = user_value(CUPY_LIMIT_VAR)
-    if theirs is None:
+    if theirs is None or not _cupy_within(theirs, limit_bytes, share):
         set_env(CUPY_LIMIT_VAR, value)
     settings = {CUPY_LIMIT_VAR: os.environ[CUPY_LIMIT_VAR]}
     if "cupy" not in sys.modules:

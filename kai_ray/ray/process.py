@@ -379,7 +379,7 @@ def gpu_capped(target: T) -> T:
             cap_gpu_memory()
             original(self, *args, **kwargs)
 
-        target.__init__ = __init__  # type: ignore[misc]
+        target.__init__ = __init__  # type: ignore[method-assign]
         return target
     if callable(target):
         fn: Callable[..., Any] = target

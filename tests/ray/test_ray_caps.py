@@ -1,6 +1,8 @@
-"""Real Ray on the CPU: ray.init(num_gpus=4) assigns GPU ids without hardware; each actor or task
-computes and applies its own cap from the pod env it sees (per-actor runtime_env env_vars play
-the binder's part)."""
+"""Real Ray on the CPU: ray.init(num_gpus=4) assigns GPU ids without hardware. Each actor, task
+or Serve replica computes and applies its own cap from the pod env it sees (per-actor runtime_env
+env_vars play the binder's part)."""
+
+import importlib.util
 
 import pytest
 
@@ -163,3 +165,29 @@ def test_driver_gets_the_pods_portion(ray_session, monkeypatch):
     assert [d["uuid"] for d in report.devices] == ["GPU-a", "GPU-b"]
     assert [d["cap_bytes"] for d in report.devices] == [(8192 - 256) * MIB] * 2
     assert report.frameworks == {} and "not applied" in report.notes[0]
+
+
+@pytest.mark.skipif(importlib.util.find_spec("fastapi") is None,
+                    reason="ray[serve] is not installed")
+def test_serve_replica_is_capped(ray_session):
+    from ray import serve
+
+    import kai_ray.ray as kr
+
+    @serve.deployment(ray_actor_options={
+        "num_gpus": 0.5, "num_cpus": 0,
+        "runtime_env": {"env_vars": {"GPU_PORTION": "0.5", "KAI_RAY_GPU_MEMORY_MIB": "16384"}}})
+    @kr.gpu_capped
+    class Model:
+        def __call__(self) -> dict:
+            return kr.current_cap().as_dict()
+
+    serve.start(proxy_location="Disabled")
+    try:
+        handle = serve.run(Model.bind(), name="capped", route_prefix=None)
+        report = handle.remote().result(timeout_s=120)
+    finally:
+        serve.shutdown()
+    assert report["active"] and report["process"].startswith("actor ")
+    assert report["devices"][0]["cap_bytes"] == (4096 - 256) * MIB
+    assert report["frameworks"]["jax"]["settings"] == {"XLA_CLIENT_MEM_FRACTION": "0.2343"}
