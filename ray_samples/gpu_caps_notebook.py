@@ -18,7 +18,8 @@ import kai_ray.ray as kr
 
 if "GPU_PORTION" not in os.environ:  # not in a kai-ray pod: pretend to be one
     os.environ["GPU_PORTION"] = "0.50"
-    os.environ.setdefault("KAI_RAY_GPU_MEMORY_MIB", "16384")  # device size when NVML is absent
+    os.environ.setdefault("KAI_RAY_GPU_MEMORY_MIB", "16384")  # the pretend device size
+    os.environ.setdefault("KAI_RAY_NVML", "off")  # pretend 16 GiB devices even on a GPU
     FAKE_GPUS = {"num_gpus": 4}
 else:
     FAKE_GPUS = {}

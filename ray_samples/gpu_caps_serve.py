@@ -36,6 +36,7 @@ if __name__ == "__main__":
     if "GPU_PORTION" not in os.environ:
         os.environ["GPU_PORTION"] = "0.50"
         os.environ.setdefault("KAI_RAY_GPU_MEMORY_MIB", "16384")
+        os.environ.setdefault("KAI_RAY_NVML", "off")  # pretend 16 GiB devices even on a GPU
         fake = {"num_gpus": 4}
     ray.init(runtime_env=kr.runtime_env(), include_dashboard=False, **fake)
     serve.start(proxy_location="Disabled")

@@ -41,7 +41,10 @@ def _nvml_totals() -> tuple[dict[int, int], str | None]:
 
 def device_totals(pod: PodGpuEnv) -> tuple[dict[int, int], str | None, str | None]:
     """(bytes by device index, source, note): NVML first, then KAI_RAY_GPU_MEMORY_MIB."""
-    totals, problem = _nvml_totals()
+    if pod.nvml_mode == "off":
+        totals, problem = {}, "NVML not used (KAI_RAY_NVML=off)"
+    else:
+        totals, problem = _nvml_totals()
     if totals:
         return totals, "nvml", None
     if pod.device_memory_mib is not None:

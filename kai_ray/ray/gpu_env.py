@@ -22,10 +22,12 @@ GPU_MEMORY_MIB = "KAI_RAY_GPU_MEMORY_MIB"  # device memory when NVML is missing
 HEADROOM_MIB = "KAI_RAY_GPU_HEADROOM_MIB"  # left for the CUDA context of each process
 CAP_MODE = "KAI_RAY_GPU_CAP"  # auto | on | off
 MPS_MODE = "KAI_RAY_MPS_LIMIT"  # auto | on | off
+NVML_MODE = "KAI_RAY_NVML"  # auto | off (off: trust KAI_RAY_GPU_MEMORY_MIB, e.g. MIG or tests)
 
 DEFAULT_HEADROOM_MIB = 256
 CAP_MODES = ("auto", "on", "off")
 MPS_MODES = ("auto", "on", "off")
+NVML_MODES = ("auto", "off")
 
 # NVIDIA_VISIBLE_DEVICES values that name no concrete device list.
 _NO_DEVICE_LIST = {"", "all", "none", "void"}
@@ -52,6 +54,7 @@ class PodGpuEnv:
     headroom_mib: int
     cap_mode: str
     mps_mode: str
+    nvml_mode: str = "auto"
 
     @property
     def fractional(self) -> bool:
@@ -133,4 +136,5 @@ def parse_pod_env(env: Mapping[str, str]) -> PodGpuEnv:
         ),
         cap_mode=_mode(env, CAP_MODE, CAP_MODES),
         mps_mode=_mode(env, MPS_MODE, MPS_MODES),
+        nvml_mode=_mode(env, NVML_MODE, NVML_MODES),
     )

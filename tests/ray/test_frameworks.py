@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-POD = {"GPU_PORTION": "0.5", "KAI_RAY_GPU_MEMORY_MIB": "16384"}
+POD = {"GPU_PORTION": "0.5", "KAI_RAY_GPU_MEMORY_MIB": "16384", "KAI_RAY_NVML": "off"}
 
 
 def run(code: str, env: dict[str, str] | None = None) -> dict:

@@ -48,6 +48,7 @@ def test_runai_num_of_gpus_is_a_fallback_portion_but_whole_counts_are_ignored():
         ({"KAI_RAY_GPU_HEADROOM_MIB": "-1"}, "KAI_RAY_GPU_HEADROOM_MIB", ">= 0"),
         ({"KAI_RAY_GPU_CAP": "maybe"}, "KAI_RAY_GPU_CAP", "one of auto, on, off"),
         ({"KAI_RAY_MPS_LIMIT": "yes"}, "KAI_RAY_MPS_LIMIT", "one of auto, on, off"),
+        ({"KAI_RAY_NVML": "on"}, "KAI_RAY_NVML", "one of auto, off"),
     ],
 )
 def test_bad_values_name_the_variable(env, variable, words):

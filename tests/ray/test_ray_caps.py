@@ -9,7 +9,8 @@ import pytest
 pytestmark = pytest.mark.ray
 
 MIB = 1 << 20
-FRACTION_POD = {"GPU_PORTION": "0.50", "KAI_RAY_GPU_MEMORY_MIB": "16384"}
+# KAI_RAY_NVML=off: the configured 16384 MiB device, even on a machine with a real GPU
+FRACTION_POD = {"GPU_PORTION": "0.50", "KAI_RAY_GPU_MEMORY_MIB": "16384", "KAI_RAY_NVML": "off"}
 
 
 def start(ray_session, cls, g, env):
@@ -103,7 +104,7 @@ def test_function_called_inside_a_task(ray_session):
 
 def test_gpu_memory_pod_gives_a_mib_cap(ray_session):
     env = {"GPU_PORTION": "0.37", "KAI_RAY_GPU_MEMORY_LIMIT_MIB": "6000",
-           "KAI_RAY_GPU_MEMORY_MIB": "16384"}
+           "KAI_RAY_GPU_MEMORY_MIB": "16384", "KAI_RAY_NVML": "off"}
     a = start(ray_session, "DecoratedActor", 0.5, env)
     report = ray_session.get(a.report.remote())
     assert report["mode"] == "memory"
@@ -160,6 +161,7 @@ def test_driver_gets_the_pods_portion(ray_session, monkeypatch):
     monkeypatch.setenv("GPU_PORTION", "0.5")
     monkeypatch.setenv("NVIDIA_VISIBLE_DEVICES", "GPU-a,GPU-b")
     monkeypatch.setenv("KAI_RAY_GPU_MEMORY_MIB", "16384")
+    monkeypatch.setenv("KAI_RAY_NVML", "off")
     report = process.current_cap()  # reports, applies nothing in a driver
     assert report.process == "Ray driver"
     assert [d["uuid"] for d in report.devices] == ["GPU-a", "GPU-b"]
@@ -176,7 +178,7 @@ def test_serve_replica_is_capped(ray_session):
 
     @serve.deployment(ray_actor_options={
         "num_gpus": 0.5, "num_cpus": 0,
-        "runtime_env": {"env_vars": {"GPU_PORTION": "0.5", "KAI_RAY_GPU_MEMORY_MIB": "16384"}}})
+        "runtime_env": {"env_vars": FRACTION_POD}})
     @kr.gpu_capped
     class Model:
         def __call__(self) -> dict:
