@@ -144,6 +144,16 @@ def test_bad_env_fails_the_actor_with_the_variable_named(ray_session, env, messa
     assert message in str(e.value)
 
 
+def test_bad_env_is_not_ignored_with_runtime_env_alone(ray_session):
+    # the setup hook only warns (a failing hook kills the worker anonymously); the framework
+    # import inside the actor then fails with the variable named
+    a = start(ray_session, "PlainActor", 0.5, {"GPU_PORTION": "2"})
+    with pytest.raises(Exception) as e:
+        ray_session.get(a.jax.remote())
+    assert "GPU_PORTION='2': a GPU portion must be > 0 and <= 1" in str(e.value)
+    ray_session.kill(a)
+
+
 def test_bad_env_fails_a_task_that_calls_the_helper(ray_session):
     import ray_probes
 
