@@ -168,3 +168,24 @@ def test_torch_import_triggers_the_adapter():
     else:
         assert out["after"]["status"] == "no-gpu"
         assert "_at_cuda_init" not in out["queued"]  # nothing pretended without CUDA
+
+
+@pytest.mark.skipif(not installed("tensorflow"), reason="tensorflow is not installed")
+def test_tensorflow_import_triggers_the_adapter():
+    out = run("""
+        import json
+        import kai_ray.ray as kr
+        first = kr.cap_gpu_memory().frameworks["tensorflow"]
+        import tensorflow as tf   # configured right after import, before it touches a GPU
+        after = kr.current_cap().frameworks["tensorflow"]
+        gpus = tf.config.list_physical_devices("GPU")
+        limits = [c.memory_limit for g in gpus
+                  for c in (tf.config.get_logical_device_configuration(g) or [])]
+        print(json.dumps({"first": first, "after": after, "gpus": len(gpus), "limits": limits}))
+    """, {**POD, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    assert out["first"]["status"] == "deferred"
+    if out["gpus"]:
+        assert out["after"]["status"] == "applied"
+        assert out["limits"] == [8192 - 256] * out["gpus"]  # MiB, the configured 16 GiB device
+    else:
+        assert out["after"]["status"] == "no-gpu"
