@@ -6,7 +6,7 @@ import importlib.util
 
 import pytest
 
-pytestmark = pytest.mark.ray
+pytestmark = [pytest.mark.ray, pytest.mark.timeout(300)]
 
 MIB = 1 << 20
 # KAI_RAY_NVML=off: the configured 16384 MiB device, even on a machine with a real GPU
