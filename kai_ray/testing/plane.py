@@ -86,39 +86,63 @@ class ControlPlane(Cluster):
     def logs_dir(self) -> Path:
         return self.workdir / "logs"
 
-    def start(self, timeout: float = 90.0) -> ControlPlane:
-        """Start every component and install kai-ray's CRDs; returns when all are usable."""
+    def start(self, timeout: float = 90.0, attempts: int = 2) -> ControlPlane:
+        """Start every component and install kai-ray's CRDs; returns when all are usable.
+
+        Ports are picked free just before use; if another process takes one first, the start is
+        retried with new ports. On failure the processes are stopped and the logs kept.
+        """
+        for attempt in range(1, attempts + 1):
+            try:
+                return self._start_once(timeout)
+            except ControlPlaneError as e:
+                self._stop_processes()
+                if attempt < attempts and "address already in use" in str(e):
+                    continue
+                raise ControlPlaneError(f"{e}\n(all logs in {self.logs_dir})") from None
+            except BaseException:
+                self.stop()
+                raise
+        raise AssertionError("unreachable")
+
+    def _start_once(self, timeout: float) -> ControlPlane:
         t0 = time.monotonic()
         deadline = t0 + timeout
         bins = binaries.require(*self._binary_names())
         if not self.detached and not self._atexit_registered:
             atexit.register(self.stop)
             self._atexit_registered = True
+        self._prepare_files()
+        self._start_etcd(bins["etcd"])
+        self._start_apiserver(bins["kube-apiserver"])
+        self._wait_apiserver_ready(deadline)
+        self.timings["apiserver_ready"] = time.monotonic() - t0
+        if self.with_controller_manager:
+            self._start_controller_manager(bins["kube-controller-manager"])
+        if self.with_kwok:
+            self._start_kwok(bins["kwok"])
         try:
-            self._prepare_files()
-            self._start_etcd(bins["etcd"])
-            self._start_apiserver(bins["kube-apiserver"])
-            self._wait_apiserver_ready(deadline)
-            self.timings["apiserver_ready"] = time.monotonic() - t0
-            if self.with_controller_manager:
-                self._start_controller_manager(bins["kube-controller-manager"])
-            if self.with_kwok:
-                self._start_kwok(bins["kwok"])
             self.install_crds(timeout=max(1.0, deadline - time.monotonic()))
             self.timings["crds_ready"] = time.monotonic() - t0
             if self.with_controller_manager:
                 # the first namespace's ServiceAccount proves the controllers are running
-                self.wait_service_account("default", timeout=max(1.0, deadline - time.monotonic()))
-            self._check_alive()
-            self.timings["ready"] = time.monotonic() - t0
-        except BaseException:
-            self.stop()
-            raise
+                self.wait_service_account("default",
+                                          timeout=max(1.0, deadline - time.monotonic()))
+        except Exception as e:
+            self._check_alive()  # a component that died explains it best
+            raise ControlPlaneError(str(e)) from e
+        self._check_alive()
+        self.timings["ready"] = time.monotonic() - t0
         return self
 
     def stop(self) -> None:
         """Stop every component (process groups, SIGTERM then SIGKILL); idempotent."""
-        # the API server first, so controllers do not spin on a dead etcd in the meantime
+        self._stop_processes()
+        if self._own_workdir and not self.keep_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def _stop_processes(self) -> None:
+        # clients of the API server first, etcd last
         order = ["ray-operator", "kwok", "kube-controller-manager", "kube-apiserver", "etcd"]
         names = sorted(self.components, key=lambda n: order.index(n) if n in order else -1)
         for name in names:
@@ -130,8 +154,6 @@ class ControlPlane(Cluster):
             with contextlib.suppress(Exception):
                 self._api.close()
             self._api = None
-        if self._own_workdir and not self.keep_workdir:
-            shutil.rmtree(self.workdir, ignore_errors=True)
 
     def __enter__(self) -> ControlPlane:
         return self.start()

@@ -20,7 +20,8 @@ from kubernetes.client.rest import ApiException
 from kai_ray.k8s.crds import crd_manifests
 from kai_ray.testing import binaries
 from kai_ray.testing.cluster import Cluster
-from kai_ray.testing.plane import ControlPlane
+from kai_ray.testing.kuberay import start_kuberay_operator
+from kai_ray.testing.plane import Component, ControlPlane
 
 GPU_NODES = 2
 GPUS_PER_NODE = 8
@@ -60,6 +61,23 @@ def cluster() -> Iterator[Cluster]:
 def gpu_nodes(cluster: Cluster) -> list[str]:
     """KWOK GPU nodes (needs a KWOK controller; the local plane runs one)."""
     return cluster.add_gpu_nodes(GPU_NODES, GPUS_PER_NODE)
+
+
+@pytest.fixture(scope="session")
+def kuberay_operator(cluster: Cluster) -> Component | None:
+    """The real KubeRay operator (--batch-scheduler=kai-scheduler) watching `cluster`.
+
+    On the local plane it is started here (its CRDs installed first); an existing cluster must
+    already run KubeRay with that flag (None is returned then).
+    """
+    if not isinstance(cluster, ControlPlane):
+        ext = client.ApiextensionsV1Api(cluster.api_client())
+        if "rayclusters.ray.io" not in {c.metadata.name for c in
+                                        ext.list_custom_resource_definition().items}:
+            pytest.skip("KAI_RAY_TEST_KUBECONFIG cluster has no KubeRay installed")
+        return None
+    _require_binaries("ray-operator", "kubectl")
+    return start_kuberay_operator(cluster)
 
 
 @pytest.fixture

@@ -13,13 +13,17 @@ from typing import Any
 
 import pytest
 
+import kai_ray
 from kai_ray.testing import binaries, procs
 
 pytestmark = [pytest.mark.integration, pytest.mark.kuberay, pytest.mark.timeout(300)]
 
 
 def dev_cluster(state: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "KAI_RAY_DEV_CLUSTER_DIR": str(state)}
+    # run the same kai_ray the tests import, whichever checkout that is
+    root = str(Path(kai_ray.__file__).resolve().parents[1])
+    path = os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "KAI_RAY_DEV_CLUSTER_DIR": str(state), "PYTHONPATH": path}
     return subprocess.run([sys.executable, "-m", "kai_ray.cli", "dev-cluster", *args],
                           capture_output=True, text=True, env=env, timeout=timeout, check=False)
 
@@ -37,11 +41,13 @@ def dev_state(tmp_path: Path) -> Iterator[Path]:
         dev_cluster(state, "down")
 
 
-def kubectl(state: Path, *args: str) -> Any:
+def kubectl(state: Path, *args: str, as_json: bool = True) -> Any:
+    """The dev cluster's own kubectl (state/bin) with its kubeconfig."""
     env = {**os.environ, "KUBECONFIG": str(state / "kubeconfig")}
-    out = subprocess.run([str(state / "bin" / "kubectl"), *args, "-o", "json"],
-                         capture_output=True, text=True, env=env, timeout=60, check=True)
-    return json.loads(out.stdout)
+    out = subprocess.run([str(state / "bin" / "kubectl"), *args, *(["-o", "json"] * as_json)],
+                         capture_output=True, text=True, env=env, timeout=60, check=False)
+    assert out.returncode == 0, f"kubectl {' '.join(args)}: {out.stderr}"
+    return json.loads(out.stdout) if as_json else out.stdout
 
 
 def test_dev_cluster_with_kuberay_creates_kai_scheduler_pods_and_down_leaves_nothing(
@@ -62,7 +68,7 @@ def test_dev_cluster_with_kuberay_creates_kai_scheduler_pods_and_down_leaves_not
 
     # KubeRay's own sample, unchanged: two Queues and RayCluster raycluster-sample (queue team-a)
     sample = binaries.kuberay_sample("ray-cluster.kai-scheduler.yaml")
-    kubectl(dev_state, "create", "-n", "default", "-f", str(sample))
+    kubectl(dev_state, "create", "-n", "default", "-f", str(sample), as_json=False)
 
     deadline = time.monotonic() + 60
     pods: list[dict[str, Any]] = []

@@ -13,7 +13,8 @@
 #   KAI_RAY_KUBERAY_DIR  use this KubeRay assets dir (crd/, samples/) instead of the module's
 #
 # Binaries: kube-apiserver kube-controller-manager kube-scheduler kubectl (k8s wrapper module),
-# etcd (etcd wrapper module), kwok, ray-operator, helm (go install module@version).
+# etcd (etcd wrapper module), ray-operator (kuberay wrapper module), kwok and helm
+# (go install module@version: their go.mod files have no replace directives).
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -40,9 +41,22 @@ cache_key() {
   {
     cat "$here/versions.env"
     go env GOVERSION
-    (cd "$here" && find k8s etcd -type f \( -name go.mod -o -name go.sum -o -name '*.go' \) \
+    (cd "$here" && find k8s etcd kuberay -type f \( -name go.mod -o -name go.sum -o -name '*.go' \) \
       | LC_ALL=C sort | xargs sha256sum)
   } | sha256sum | cut -c1-12
+}
+
+# The wrapper modules pin the same versions in their go.mod; refuse to build if they drifted.
+check_pins() {
+  local pin
+  for pin in "k8s/go.mod:k8s.io/kubernetes $K8S_VERSION" \
+             "etcd/go.mod:go.etcd.io/etcd/server/v3 $ETCD_VERSION" \
+             "kuberay/go.mod:$KUBERAY_MODULE $KUBERAY_VERSION"; do
+    if ! grep -q "${pin#*:}" "$here/${pin%%:*}"; then
+      echo "build.sh: $here/${pin%%:*} does not pin ${pin#*:} (versions.env)" >&2
+      exit 1
+    fi
+  done
 }
 
 if [ -n "${KAI_RAY_BIN_DIR:-}" ]; then
@@ -106,6 +120,7 @@ if [ -n "${KAI_RAY_BIN_DIR:-}" ]; then
   exit 0
 fi
 
+check_pins
 fetch_kuberay_assets
 if [ ${#missing[@]} -eq 0 ]; then
   echo "all ${#BINARIES[@]} binaries already built (nothing to do)"
@@ -132,7 +147,8 @@ build_one() {
     kwok)
       GOBIN="$stage" go install -trimpath -ldflags "-s -w" "sigs.k8s.io/kwok/cmd/kwok@$KWOK_VERSION" ;;
     ray-operator)
-      GOBIN="$stage" go install -trimpath -ldflags "-s -w" "$KUBERAY_MODULE@$KUBERAY_VERSION" ;;
+      (cd "$here/kuberay" && go build -trimpath -ldflags "-s -w" -o "$stage/ray-operator" \
+        "$KUBERAY_MODULE") ;;
     helm)
       GOBIN="$stage" go install -trimpath \
         -ldflags "-s -w -X helm.sh/helm/v3/internal/version.version=$HELM_VERSION" \
