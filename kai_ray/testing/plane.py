@@ -63,13 +63,15 @@ class ControlPlane(Cluster):
 
     def __init__(self, workdir: Path | None = None, *, detached: bool = False,
                  controller_manager: bool = True, kwok: bool = True,
-                 keep_workdir: bool = False) -> None:
+                 kube_scheduler: bool = False, keep_workdir: bool = False) -> None:
         self._own_workdir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="kai-ray-plane-"))
         super().__init__(self.workdir / "kubeconfig")
         self.detached = detached
         self.with_controller_manager = controller_manager
         self.with_kwok = kwok
+        # the stock scheduler serves `default-scheduler` pods only: a baseline for benchmarks
+        self.with_kube_scheduler = kube_scheduler
         self.keep_workdir = keep_workdir
         self.components: dict[str, Component] = {}
         self.ports: dict[str, int] = {}
@@ -121,6 +123,10 @@ class ControlPlane(Cluster):
             self._start_controller_manager(bins["kube-controller-manager"])
         if self.with_kwok:
             self._start_kwok(bins["kwok"])
+        if self.with_kube_scheduler:
+            self._spawn("kube-scheduler", [
+                str(bins["kube-scheduler"]), f"--kubeconfig={self.kubeconfig}",
+                "--leader-elect=false", "--secure-port=0", "--profiling=false"])
         try:
             self.install_crds(timeout=max(1.0, deadline - time.monotonic()))
             self.timings["crds_ready"] = time.monotonic() - t0
@@ -143,7 +149,8 @@ class ControlPlane(Cluster):
 
     def _stop_processes(self) -> None:
         # clients of the API server first, etcd last
-        order = ["ray-operator", "kwok", "kube-controller-manager", "kube-apiserver", "etcd"]
+        order = ["ray-operator", "kube-scheduler", "kwok", "kube-controller-manager",
+                 "kube-apiserver", "etcd"]
         names = sorted(self.components, key=lambda n: order.index(n) if n in order else -1)
         for name in names:
             comp = self.components[name]
@@ -200,6 +207,8 @@ class ControlPlane(Cluster):
             names.append("kube-controller-manager")
         if self.with_kwok:
             names.append("kwok")
+        if self.with_kube_scheduler:
+            names.append("kube-scheduler")
         return names
 
     def _prepare_files(self) -> None:
