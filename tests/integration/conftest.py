@@ -22,6 +22,7 @@ from kai_ray.testing import binaries
 from kai_ray.testing.cluster import Cluster
 from kai_ray.testing.kuberay import start_kuberay_operator
 from kai_ray.testing.plane import Component, ControlPlane
+from kai_ray.testing.scheduler_process import KaiRayProcess
 
 GPU_NODES = 2
 GPUS_PER_NODE = 8
@@ -99,3 +100,24 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
     except ApiException as e:
         if e.status != 404:
             raise
+
+
+@pytest.fixture(scope="session")
+def fake_device_plugin(cluster: Cluster) -> Iterator[object]:
+    """Reports a GPU id for every GPU reservation pod, as NVIDIA's device plugin would."""
+    from kai_ray.testing.devices import FakeDevicePlugin
+
+    plugin = FakeDevicePlugin(cluster.api_client()).start()
+    yield plugin
+    plugin.stop()
+
+
+@pytest.fixture(scope="session")
+def kai_scheduler(cluster: Cluster, fake_device_plugin: object,
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[KaiRayProcess]:
+    """`kai-ray run` as its own process against the cluster (killed at the end)."""
+    proc = KaiRayProcess(cluster.kubeconfig, tmp_path_factory.mktemp("kai-ray-run"))
+    proc.start()
+    proc.wait_ready()
+    yield proc
+    proc.stop()

@@ -1,0 +1,93 @@
+"""`kai-ray run`: the pod grouper, the scheduler loop and its status writers in one process,
+out of cluster (a kubeconfig) or in cluster (the service account)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client, config
+
+from kai_ray.controller.podgrouper import PodGrouper
+from kai_ray.controller.scheduler_loop import LoopConfig, SchedulerLoop
+from kai_ray.core.model import NodePlacement, SchedulerConfig
+from kai_ray.k8s.cache import ClusterCache
+
+log = logging.getLogger("kai_ray")
+
+
+def api_client(kubeconfig: str | None) -> client.ApiClient:
+    if kubeconfig:
+        return config.new_client_from_config(config_file=kubeconfig)
+    try:
+        config.load_incluster_config()
+        return client.ApiClient()
+    except config.ConfigException:
+        return config.new_client_from_config()
+
+
+def load_config(path: str | None) -> LoopConfig:
+    """YAML: {cyclePeriodSeconds, placement: {gpu, cpu}, stalenessGracePeriodSeconds,
+    actions: [...], maxConsolidationPreemptees}. Unknown keys are an error."""
+    cfg = LoopConfig()
+    if not path:
+        return cfg
+    raw: dict[str, Any] = yaml.safe_load(Path(path).read_text()) or {}
+    known = {"cyclePeriodSeconds", "placement", "stalenessGracePeriodSeconds", "actions",
+             "maxConsolidationPreemptees"}
+    unknown = set(raw) - known
+    if unknown:
+        raise SystemExit(f"kai-ray run: {path}: unknown key(s) {sorted(unknown)}; "
+                         f"known: {sorted(known)}")
+    placement = raw.get("placement") or {}
+    for key, value in placement.items():
+        if key not in ("gpu", "cpu") or value not in ("binpack", "spread"):
+            raise SystemExit(f"kai-ray run: {path}: placement.{key}: expected binpack|spread, "
+                             f"got {value!r}")
+    core = SchedulerConfig(
+        placement=NodePlacement(gpu=placement.get("gpu", "binpack"),
+                                cpu=placement.get("cpu", "binpack")),
+        staleness_grace_period_s=float(raw.get("stalenessGracePeriodSeconds", 60)),
+        max_consolidation_preemptees=int(raw.get("maxConsolidationPreemptees", 16)),
+        actions=tuple(raw.get("actions") or SchedulerConfig().actions))
+    cfg.core = core
+    cfg.period_s = float(raw.get("cyclePeriodSeconds", 1.0))
+    return cfg
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    logging.basicConfig(level=logging.INFO,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    api = api_client(args.kubeconfig)
+    loop_config = load_config(getattr(args, "config", None))
+    cache = ClusterCache(api)
+    cache.start()
+    loop = SchedulerLoop(api, cache, loop_config, grouper=None)
+    loop.grouper = PodGrouper(api, cache, loop.events)
+    stop = threading.Event()
+
+    def _stop(*_: object) -> None:
+        stop.set()
+        loop.stop()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    log.info("kai-ray scheduler running (cycle every %.1fs)", loop_config.period_s)
+    worker = threading.Thread(target=loop.run, name="scheduler-loop", daemon=True)
+    worker.start()
+    while not stop.wait(0.5):
+        if not worker.is_alive():
+            log.error("scheduler loop stopped unexpectedly")
+            return 1
+    cache.stop()
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(cmd_run(argparse.Namespace(kubeconfig=sys.argv[1] if len(sys.argv) > 1 else None)))
