@@ -53,7 +53,6 @@ class Binder:
     def __init__(self, api: client.ApiClient, events: EventRecorder,
                  config: BinderConfig | None = None) -> None:
         self.core = client.CoreV1Api(api)
-        self.policy = client.PolicyV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.events = events
         self.config = config or BinderConfig()
@@ -284,7 +283,7 @@ class Binder:
         body = client.V1Eviction(metadata=client.V1ObjectMeta(name=m["name"],
                                                               namespace=m["namespace"]))
         try:
-            self.policy.create_namespaced_pod_eviction(m["name"], m["namespace"], body)
+            self.core.create_namespaced_pod_eviction(m["name"], m["namespace"], body)
         except ApiException as e:
             if e.status == 404:
                 return False

@@ -99,3 +99,95 @@ def test_gang_waits_whole_then_binds_in_one_cycle(cluster, namespace, kai_schedu
         assert nodes <= {f"{pool}-0", f"{pool}-1"}
     finally:
         delete_queues(api, created)
+
+
+def _ensure_priority_classes(api: client.ApiClient) -> None:
+    sched = client.SchedulingV1Api(api)
+    for name, value in (("train", 50), ("build-preemptible", 75), ("build", 100),
+                        ("inference", 125)):
+        try:
+            sched.create_priority_class({"metadata": {"name": name}, "value": value})
+        except client.ApiException as e:
+            assert e.status == 409
+
+
+def test_build_preempts_train_in_a_limited_queue(cluster, namespace, kai_scheduler):
+    api = cluster.api_client()
+    core = client.CoreV1Api(api)
+    _ensure_priority_classes(api)
+    pool, _ = pool_nodes(api, 1, gpus=1)
+    parent, leaf = f"lp-{namespace[-5:]}", f"limited-{namespace[-5:]}"
+    created = create_queues(api, queue(parent),
+                            queue(leaf, parent, gpu_quota=1, gpu_limit=1, gpu_weight=1))
+    sel = {"kai-ray.io/pool": pool}
+    try:
+        core.create_namespaced_pod(namespace, pod("train-pod", leaf, gpus=1, node_selector=sel,
+                                                  priority_class="train"))
+        wait_for("train pod running", lambda: pod_phase(core, namespace, "train-pod")[0]
+                 == "Running", detail=kai_scheduler.log_tail)
+        core.create_namespaced_pod(namespace, pod("build-pod", leaf, gpus=1, node_selector=sel,
+                                                  priority_class="build"))
+        wait_for("build pod running", lambda: pod_phase(core, namespace, "build-pod")[0]
+                 == "Running", timeout=60, detail=kai_scheduler.log_tail)
+        remaining = [p.metadata.name for p in core.list_namespaced_pod(namespace).items]
+        assert "train-pod" not in remaining, "the train pod should have been preempted"
+        events = core.list_namespaced_event(namespace).items
+        assert any(e.reason == "Preempted" and "higher priority" in e.message for e in events)
+    finally:
+        delete_queues(api, created)
+
+
+def test_reclaim_returns_gpus_to_a_queue_below_its_share(cluster, namespace, kai_scheduler):
+    api = cluster.api_client()
+    core = client.CoreV1Api(api)
+    pool, _ = pool_nodes(api, 1, gpus=4)
+    sel = {"kai-ray.io/pool": pool}
+    suffix = namespace[-5:]
+    dept, qa, qb = f"dept-{suffix}", f"qa-{suffix}", f"qb-{suffix}"
+    created = create_queues(api, queue(dept), queue(qa, dept, gpu_quota=2, gpu_weight=1),
+                            queue(qb, dept, gpu_quota=2, gpu_weight=1))
+    try:
+        for i in range(4):  # queue A takes the idle pool, over its quota of 2
+            core.create_namespaced_pod(namespace, pod(f"a-{i}", qa, gpus=1, node_selector=sel))
+        wait_for("queue A on all 4 GPUs", lambda: _running(core, namespace,
+                                                           [f"a-{i}" for i in range(4)]),
+                 detail=kai_scheduler.log_tail)
+        for i in range(2):
+            core.create_namespaced_pod(namespace, pod(f"b-{i}", qb, gpus=1, node_selector=sel))
+        wait_for("queue B gets its share of 2 GPUs", lambda: _running(core, namespace,
+                                                                      ["b-0", "b-1"]),
+                 timeout=60, detail=kai_scheduler.log_tail)
+        left = [p.metadata.name for p in core.list_namespaced_pod(namespace).items
+                if p.metadata.name.startswith("a-") and not p.metadata.deletion_timestamp]
+        assert len(left) == 2, left
+    finally:
+        delete_queues(api, created)
+
+
+def test_bad_input_is_reported_and_the_rest_still_schedules(cluster, namespace, kai_scheduler):
+    api = cluster.api_client()
+    core = client.CoreV1Api(api)
+    custom = client.CustomObjectsApi(api)
+    pool, _ = pool_nodes(api, 1, gpus=2)
+    sel = {"kai-ray.io/pool": pool}
+    suffix = namespace[-5:]
+    good, orphan = f"good-{suffix}", f"orphan-{suffix}"
+    created = create_queues(api, queue(good), queue(orphan, parent=f"missing-{suffix}"))
+    try:
+        core.create_namespaced_pod(namespace, pod("orphaned", orphan, gpus=1, node_selector=sel))
+        core.create_namespaced_pod(namespace, pod("unknown", f"nope-{suffix}", gpus=1,
+                                                  node_selector=sel))
+        core.create_namespaced_pod(namespace, pod("fine", good, gpus=1, node_selector=sel))
+        wait_for("the good pod runs", lambda: pod_phase(core, namespace, "fine")[0] == "Running",
+                 detail=kai_scheduler.log_tail)
+        for name, queue_name in (("orphaned", orphan), ("unknown", f"nope-{suffix}")):
+            cond = wait_for(f"{name}: Unschedulable condition",
+                            lambda n=name: scheduled_condition(core, namespace, n))
+            assert "QueueDoesNotExist" in cond.message and queue_name in cond.message
+        status = wait_for("the orphan queue's Orphan condition", lambda: (
+            custom.get_cluster_custom_object("scheduling.run.ai", "v2", "queues", orphan)
+            .get("status") or {}).get("conditions"))
+        assert status[0]["type"] == "Orphan" and f"missing-{suffix}" in status[0]["message"]
+        assert kai_scheduler.alive()
+    finally:
+        delete_queues(api, created)
