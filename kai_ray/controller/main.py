@@ -22,14 +22,18 @@ from kai_ray.k8s.cache import ClusterCache
 log = logging.getLogger("kai_ray")
 
 
-def api_client(kubeconfig: str | None) -> client.ApiClient:
+def api_client(kubeconfig: str | None, pool_size: int = 32) -> client.ApiClient:
+    """A client whose connection pool fits the binder's concurrent writes."""
+    configuration = client.Configuration()
     if kubeconfig:
-        return config.new_client_from_config(config_file=kubeconfig)
-    try:
-        config.load_incluster_config()
-        return client.ApiClient()
-    except config.ConfigException:
-        return config.new_client_from_config()
+        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    else:
+        try:
+            config.load_incluster_config(client_configuration=configuration)
+        except config.ConfigException:
+            config.load_kube_config(client_configuration=configuration)
+    configuration.connection_pool_maxsize = pool_size
+    return client.ApiClient(configuration)
 
 
 def load_config(path: str | None) -> LoopConfig:

@@ -18,6 +18,7 @@ import json
 import logging
 import time
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -42,6 +43,7 @@ CONFIGMAP_ANNOTATION = "runai/shared-gpu-configmap"
 @dataclass
 class BinderConfig:
     reservation_timeout_s: float = 40.0
+    workers: int = 8  # gangs bound at the same time
     reservation_image: str = "registry.k8s.io/pause:3.10"
 
 
@@ -58,6 +60,8 @@ class Binder:
         self.config = config or BinderConfig()
         self.bound_total = 0
         self.reservation_ns_ready = False
+        self.pool = ThreadPoolExecutor(max_workers=max(1, self.config.workers),
+                                       thread_name_prefix="binder")
 
     # ------------------------------------------------------------------ intents
     def _patch_pg_annotations(self, pg: Obj, annotations: dict[str, str | None]) -> None:
@@ -99,19 +103,24 @@ class Binder:
         by_job: dict[str, list[Bind]] = {}
         for b in result.binds:
             by_job.setdefault(b.job, []).append(b)
-        done = 0
-        for job, binds in by_job.items():
+
+        def one(job: str, binds: list[Bind]) -> int:
             pg = podgroups.get(job)
             if pg is None:
-                continue
+                return 0
             try:
                 self.write_intent(pg, binds)
             except ApiException as e:
                 log.warning("PodGroup %s: bind intent not written (%s); skipping its binds",
                             job, e.status)
-                continue
-            done += self._bind_gang(pg, binds, pods)
-        return done
+                return 0
+            return self._bind_gang(pg, binds, pods)
+
+        # gangs are independent: bind them concurrently (each gang's pods in order)
+        if len(by_job) <= 1 or self.config.workers <= 1:
+            return sum(one(job, binds) for job, binds in by_job.items())
+        futures = [self.pool.submit(one, job, binds) for job, binds in by_job.items()]
+        return sum(f.result() for f in futures)
 
     def _bind_gang(self, pg: Obj, binds: list[Bind], pods: dict[str, Obj]) -> int:
         finished: list[str] = []

@@ -73,7 +73,7 @@ def test_sigkill_never_leaves_a_partial_gang(plane, tmp_path):
         try:
             fit = NODES * GPUS // GANG_SIZE
 
-            def converged() -> bool:
+            def converged(ns: str = ns, fit: int = fit) -> bool:
                 gangs, _ = _bound_by_gang(core, ns)
                 return sum(1 for n in gangs.values() if n == GANG_SIZE) == fit
 
