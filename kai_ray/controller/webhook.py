@@ -38,6 +38,7 @@ import secrets
 import string
 import threading
 import time
+from collections import Counter
 from collections.abc import AsyncIterator, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -252,6 +253,8 @@ class WebhookHandle:
         self._thread: threading.Thread | None = None
         self.queues: ListWatchCache | None = None
         self.namespaces: ListWatchCache | None = None
+        # admission calls served, by handler id (what reached us past the match conditions)
+        self.calls: Counter[str] = Counter()
 
     # the admission rules with the caches' current contents
     def _queue_inputs(self) -> tuple[dict[str, str | None] | None, dict[str, dict[str, str]]]:
@@ -265,6 +268,7 @@ class WebhookHandle:
         return self.queues.items(), namespaces
 
     def validate(self, pod: Mapping[str, Any]) -> None:
+        self.calls[VALIDATE_ID] += 1
         queues, ns_labels = self._queue_inputs()
         namespace = (pod.get("metadata") or {}).get("namespace", "")
         verdict = admission.validate_pod(pod, self.config.grouping, queues,
@@ -273,6 +277,7 @@ class WebhookHandle:
             raise kopf.AdmissionError(verdict.message, code=400)
 
     def mutate(self, pod: Mapping[str, Any]) -> list[dict[str, Any]]:
+        self.calls[MUTATE_ID] += 1
         if admission.validate_gpu_request(pod) is not None:
             return []  # the validator denies it with the message
         suffix = "".join(secrets.choice(_SUFFIX_ALPHABET) for _ in range(7))
@@ -379,11 +384,13 @@ def _registry(handle: WebhookHandle, kubeconfig: str | None) -> kopf.OperatorReg
     def login(**_: Any) -> kopf.ConnectionInfo:
         return _connection_info(kubeconfig)
 
-    @kopf.on.validate("", "v1", "pods", id=VALIDATE_ID, operation="CREATE", registry=registry)
+    @kopf.on.validate("", "v1", "pods", id=VALIDATE_ID, operations={"CREATE"},
+                   registry=registry)
     async def validate(body: kopf.Body, **_: Any) -> None:
         handle.validate(dict(body))
 
-    @kopf.on.mutate("", "v1", "pods", id=MUTATE_ID, operation="CREATE", registry=registry)
+    @kopf.on.mutate("", "v1", "pods", id=MUTATE_ID, operations={"CREATE"},
+                   registry=registry)
     async def mutate(body: kopf.Body, patch: kopf.Patch, **_: Any) -> None:
         ops = handle.mutate(dict(body))
         if ops:
