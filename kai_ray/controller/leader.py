@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from kubernetes import client
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 log = logging.getLogger(__name__)
 
@@ -167,13 +167,13 @@ class LeaderElector:
     def _try_acquire_or_renew(self) -> bool:
         ns, name = self.config.namespace, self.config.name
         try:
-            lease = self._api.read_namespaced_lease(name, ns)
+            lease: Any = self._api.read_namespaced_lease(name, ns)
         except ApiException as e:
             if e.status != 404:
                 log.warning("%s: reading lease %s/%s: HTTP %s", self.identity, ns, name, e.status)
                 return False
-            body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                    "metadata": {"name": name, "namespace": ns}, "spec": self._spec("", 0)}
+            body: Any = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                         "metadata": {"name": name, "namespace": ns}, "spec": self._spec("", 0)}
             return self._write(lambda: self._api.create_namespaced_lease(ns, body))
         except Exception as e:  # network trouble: just a failed attempt
             log.warning("%s: reading lease %s/%s: %s", self.identity, ns, name, e)
@@ -217,14 +217,14 @@ class LeaderElector:
         """Empty the holder (only if it is still us), so that a standby need not wait."""
         ns, name = self.config.namespace, self.config.name
         try:
-            lease = self._api.read_namespaced_lease(name, ns)
+            lease: Any = self._api.read_namespaced_lease(name, ns)
             if (lease.spec.holder_identity or "") != self.identity:
                 return
             spec = self._spec("", lease.spec.lease_transitions or 0, holder="", duration=1)
-            body = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
-                    "metadata": {"name": name, "namespace": ns,
-                                 "resourceVersion": lease.metadata.resource_version},
-                    "spec": spec}
+            body: Any = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
+                         "metadata": {"name": name, "namespace": ns,
+                                      "resourceVersion": lease.metadata.resource_version},
+                         "spec": spec}
             self._api.replace_namespaced_lease(name, ns, body)
             log.info("%s: released lease %s/%s", self.identity, ns, name)
         except Exception as e:  # the lease then simply expires

@@ -51,7 +51,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 from kubernetes import client
 from kubernetes import config as kube_config
-from kubernetes.client.rest import ApiException
+from kubernetes.client.exceptions import ApiException
 
 from kai_ray.controller.listwatch import ListWatchCache
 from kai_ray.grouping import admission
@@ -231,7 +231,7 @@ class _Server(kopf.WebhookServer):
                           password: str | None = None) -> tuple[bytes, bytes]:
         return self_signed_certificate(hostnames, password)
 
-    async def __call__(self, fn: Any) -> AsyncIterator[Any]:  # type: ignore[override]
+    async def __call__(self, fn: Any) -> AsyncIterator[Any]:
         async for client_config in super().__call__(fn):
             # the server listens already: only now point the API server at it
             await asyncio.to_thread(self._publish, dict(client_config))
@@ -324,11 +324,12 @@ class WebhookHandle:
 
     def _probe(self) -> str:
         """'' once a dry-run pod with an invalid fraction is denied by us; else what happened."""
-        pod = {"apiVersion": "v1", "kind": "Pod",
-               "metadata": {"generateName": "kai-ray-webhook-probe-",
-                            "annotations": {admission.GPU_FRACTION: "2"}},
-               "spec": {"schedulerName": self.config.grouping.scheduler_name,
-                        "containers": [{"name": "probe", "image": "probe"}]}}
+        pod: Any = {
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"generateName": "kai-ray-webhook-probe-",
+                         "annotations": {admission.GPU_FRACTION: "2"}},
+            "spec": {"schedulerName": self.config.grouping.scheduler_name,
+                     "containers": [{"name": "probe", "image": "probe"}]}}
         try:
             client.CoreV1Api(self.api).create_namespaced_pod(
                 self.config.probe_namespace, pod, dry_run="All")
