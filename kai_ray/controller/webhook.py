@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import ipaddress
+import json
 import logging
 import re
 import secrets
@@ -219,6 +220,16 @@ def remove_configurations(api: client.ApiClient, name: str) -> None:
                 raise
 
 
+def _api_message(e: Exception) -> str:
+    """The API server's own message of an ApiException (not the headers and the raw body)."""
+    if isinstance(e, ApiException):
+        try:
+            return f"HTTP {e.status}: {json.loads(e.body)['message']}"
+        except (TypeError, ValueError, KeyError):
+            return f"HTTP {e.status}: {e.reason}"
+    return f"{type(e).__name__}: {e}"
+
+
 class _Server(kopf.WebhookServer):
     """kopf's HTTPS server that registers itself each time it (re)starts serving."""
 
@@ -288,7 +299,13 @@ class WebhookHandle:
 
     def _publish(self, client_config: dict[str, Any]) -> None:
         url = str(client_config["url"])
-        apply_configurations(self.api, self.config, url, client_config.get("caBundle"))
+        try:
+            apply_configurations(self.api, self.config, url, client_config.get("caBundle"))
+        except Exception as e:  # kopf would only log it: make wait_ready() fail with it
+            self.error = RuntimeError(
+                f"writing webhook configuration {self.config.configuration_name!r}: "
+                f"{_api_message(e)}")
+            raise self.error from e
         self.url = url
         self._published.set()
         log.info("admission webhook serving at %s", url)

@@ -232,3 +232,16 @@ def test_stopped_webhook_blocks_only_our_pods(cluster: Cluster, queues: None,
     finally:
         handle.stop()
         remove_configurations(cluster.api_client(), name)
+
+
+def test_a_configuration_the_api_server_refuses_fails_wait_ready(cluster: Cluster) -> None:
+    handle = start_webhook(str(cluster.kubeconfig),
+                           WebhookConfig(configuration_name="Not_A_DNS_Name"))
+    try:
+        t0 = time.monotonic()
+        refused = r"configuration .Not_A_DNS_Name.: HTTP 422: .* is invalid"
+        with pytest.raises(RuntimeError, match=refused):
+            handle.wait_ready(30)
+        assert time.monotonic() - t0 < 10  # the error, not the timeout
+    finally:
+        handle.stop()
