@@ -20,8 +20,10 @@ Rules (as client-go's ``leaderelection``):
   within one ``retry_period``.
 
 Callbacks run in the elector's thread and must return quickly (start work in your own thread):
-a callback that blocks delays renewals. ``is_leader()`` also turns False by itself once
-``renew_deadline`` has passed since the last renewal, even if the thread is stuck.
+a callback that blocks delays renewals. If ``on_started_leading`` raises, the lease is released
+for another candidate (and this one campaigns again after ``retry_period``). ``is_leader()``
+also turns False by itself once ``renew_deadline`` has passed since the last renewal, even if
+the thread is stuck.
 """
 
 from __future__ import annotations
@@ -131,17 +133,26 @@ class LeaderElector:
             self.transitions += 1
             log.info("%s: started leading %s/%s", self.identity, self.config.namespace,
                      self.config.name)
+            failed = False
             try:
                 if on_started_leading:
                     on_started_leading()
                 self._renew_until_lost_or_stopped()
+            except Exception:  # a leader that cannot start its work hands over
+                log.exception("%s: on_started_leading failed; releasing the lease", self.identity)
+                failed = True
             finally:
                 self._leading = False
-                if self._stop.is_set() and self._release_on_stop:
+                if failed or (self._stop.is_set() and self._release_on_stop):
                     self._release()
                 log.info("%s: stopped leading", self.identity)
                 if on_stopped_leading:
-                    on_stopped_leading()
+                    try:
+                        on_stopped_leading()
+                    except Exception:
+                        log.exception("%s: on_stopped_leading failed", self.identity)
+            if failed:
+                self._stop.wait(self.config.retry_period)
 
     # -- internals ----------------------------------------------------------------------------
     def _renew_until_lost_or_stopped(self) -> None:

@@ -268,22 +268,43 @@ class WebhookHandle:
         self.calls: Counter[str] = Counter()
 
     # the admission rules with the caches' current contents
-    def _queue_inputs(self) -> tuple[dict[str, str | None] | None, dict[str, dict[str, str]]]:
+    def _queue_inputs(self) -> dict[str, str | None] | None:
         if self.queues is None:
-            return None, {}
+            return None
         if not self.queues.synced:
             raise kopf.AdmissionError("kai-ray admission: the Queue list is not loaded yet "
                                       f"({self.queues.last_error or 'starting'}); retry",
                                       code=503)
-        namespaces = self.namespaces.items() if self.namespaces is not None else {}
-        return self.queues.items(), namespaces
+        return self.queues.items()
+
+    def _namespace_labels(self, namespace: str) -> dict[str, str] | None:
+        if self.namespaces is None:
+            return None
+        labels = self.namespaces.items().get(namespace)
+        if labels is None:  # created an instant ago, not seen by the watch yet
+            ns = client.CoreV1Api(self.api).read_namespace(namespace)
+            labels = dict(ns.metadata.labels or {})
+        return dict(labels)
+
+    def _fresh_queues(self) -> dict[str, str | None]:
+        listing = client.CustomObjectsApi(self.api).list_cluster_custom_object(*QUEUE_API)
+        return admission.queue_parents(listing.get("items") or [])
 
     def validate(self, pod: Mapping[str, Any]) -> None:
+        """Deny (kopf.AdmissionError) what ``admission.validate_pod`` denies.
+
+        Runs in kopf's thread pool (a sync handler): the rare fallbacks below call the API.
+        """
         self.calls[VALIDATE_ID] += 1
-        queues, ns_labels = self._queue_inputs()
-        namespace = (pod.get("metadata") or {}).get("namespace", "")
-        verdict = admission.validate_pod(pod, self.config.grouping, queues,
-                                         ns_labels.get(namespace))
+        queues = self._queue_inputs()
+        ns_labels = None
+        if queues is not None:
+            ns_labels = self._namespace_labels((pod.get("metadata") or {}).get("namespace", ""))
+        verdict = admission.validate_pod(pod, self.config.grouping, queues, ns_labels)
+        if not verdict.allowed and queues is not None:
+            # a Queue created an instant ago may not be in the cache yet: check before denying
+            verdict = admission.validate_pod(pod, self.config.grouping, self._fresh_queues(),
+                                             ns_labels)
         if not verdict.allowed:
             raise kopf.AdmissionError(verdict.message, code=400)
 
@@ -404,7 +425,7 @@ def _registry(handle: WebhookHandle, kubeconfig: str | None) -> kopf.OperatorReg
 
     @kopf.on.validate("", "v1", "pods", id=VALIDATE_ID, operations={"CREATE"},
                    registry=registry)
-    async def validate(body: kopf.Body, **_: Any) -> None:
+    def validate(body: kopf.Body, **_: Any) -> None:  # sync: kopf runs it in a thread
         handle.validate(dict(body))
 
     @kopf.on.mutate("", "v1", "pods", id=MUTATE_ID, operations={"CREATE"},

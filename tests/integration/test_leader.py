@@ -93,3 +93,24 @@ def test_released_lease_hands_over_at_once(
     print(f"takeover after release: {took:.2f}s (lease {LEASE}s, retry {RETRY}s)")
     assert took <= 1.2 * RETRY + 0.5  # its next retry, not the lease expiry
     assert _holder(cluster, namespace) == standby.elector.identity
+
+
+def test_a_leader_whose_work_fails_to_start_hands_over(cluster: Cluster, namespace: str) -> None:
+    def broken() -> None:
+        raise RuntimeError("cannot start the scheduler loop")
+
+    config = LeaseConfig(name="kai-ray-test", namespace=namespace, lease_duration=LEASE,
+                         renew_deadline=RENEW, retry_period=RETRY, identity="broken")
+    failing = LeaderElector(cluster.api_client(), config)
+    failing.start(broken)
+    try:
+        _wait("the broken candidate to take the lease once", lambda: failing.transitions > 0, 10)
+        healthy = Candidate(cluster, namespace, "healthy")
+        try:
+            # well before the lease would expire: the broken leader released it
+            _wait("the healthy candidate to lead", healthy.elector.is_leader, LEASE - RETRY)
+            assert not failing.is_leader()
+        finally:
+            healthy.elector.stop()
+    finally:
+        failing.stop()
