@@ -14,9 +14,13 @@ from typing import Any
 import yaml
 from kubernetes import client, config
 
+from kai_ray.controller.leader import LeaderElector, LeaseConfig
+from kai_ray.controller.metrics import SchedulerMetrics, start_metrics_server
 from kai_ray.controller.podgrouper import PodGrouper
 from kai_ray.controller.scheduler_loop import LoopConfig, SchedulerLoop
+from kai_ray.controller.webhook import WebhookConfig, start_webhook
 from kai_ray.core.model import NodePlacement, SchedulerConfig
+from kai_ray.grouping import GroupingConfig
 from kai_ray.k8s.cache import ClusterCache
 
 log = logging.getLogger("kai_ray")
@@ -70,11 +74,14 @@ def cmd_run(args: argparse.Namespace) -> int:
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     api = api_client(args.kubeconfig)
     loop_config = load_config(getattr(args, "config", None))
+    metrics = SchedulerMetrics()
     cache = ClusterCache(api)
     cache.start()
-    loop = SchedulerLoop(api, cache, loop_config, grouper=None)
+    loop = SchedulerLoop(api, cache, loop_config, grouper=None,
+                         on_cycle=lambda r: metrics.record_cycle(r, r.action_seconds.get("cycle")))
     loop.grouper = PodGrouper(api, cache, loop.events)
     stop = threading.Event()
+    extras: list[Any] = []
 
     def _stop(*_: object) -> None:
         stop.set()
@@ -82,15 +89,39 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
+    if getattr(args, "metrics_port", 0):
+        server = start_metrics_server(args.metrics_port, args.metrics_addr, metrics)
+        extras.append(server)
+        log.info("metrics on %s", server.url)
+    if getattr(args, "webhook", False):
+        grouping = GroupingConfig(validate_queue=bool(args.validate_queue))
+        hook = start_webhook(args.kubeconfig, WebhookConfig(grouping=grouping,
+                                                            port=args.webhook_port), api=api)
+        hook.wait_ready()
+        extras.append(hook)
+        log.info("admission webhook on %s", hook.url)
+    is_leader = None
+    if getattr(args, "leader_election", "off") == "on":
+        elector = LeaderElector(api, LeaseConfig(name=args.lease_name,
+                                                 namespace=args.lease_namespace))
+        elector.start(lambda: log.info("became leader (%s)", elector.identity),
+                      lambda: log.info("lost leadership"))
+        extras.append(elector)
+        is_leader = elector.is_leader
     log.info("kai-ray scheduler running (cycle every %.1fs)", loop_config.period_s)
-    worker = threading.Thread(target=loop.run, name="scheduler-loop", daemon=True)
+    worker = threading.Thread(target=loop.run, args=(is_leader,), name="scheduler-loop",
+                              daemon=True)
     worker.start()
+    code = 0
     while not stop.wait(0.5):
         if not worker.is_alive():
             log.error("scheduler loop stopped unexpectedly")
-            return 1
+            code = 1
+            break
+    for extra in reversed(extras):
+        extra.stop()
     cache.stop()
-    return 0
+    return code
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -68,7 +68,7 @@ class JobStatus:
 
 @dataclass(frozen=True, slots=True)
 class QueueShare:
-    """Per-resource numbers of one queue, in queue units (GPUs, millicores, bytes)."""
+    """Per-resource numbers of one queue as (CPU millicores, memory bytes, GPUs)."""
 
     name: str
     parent: str | None

@@ -58,7 +58,8 @@ def test_sigkill_never_leaves_a_partial_gang(plane, tmp_path):
         for g in range(GANGS):
             gang(api, ns, f"g{g}", "crash", GANG_SIZE, gpus=1,
                  node_selector={"kai-ray.io/pool": pool})
-        proc = KaiRayProcess(plane.kubeconfig, tmp_path / f"rep{rep}")
+        proc = KaiRayProcess(plane.kubeconfig, tmp_path / f"rep{rep}",
+                             ["--leader-election", "off"])  # handover is tested elsewhere
         (tmp_path / f"rep{rep}").mkdir()
         kills = 0
         for _ in range(2):  # two crashes per repetition, at random moments of the binding

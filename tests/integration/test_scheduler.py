@@ -191,3 +191,42 @@ def test_bad_input_is_reported_and_the_rest_still_schedules(cluster, namespace, 
         assert kai_scheduler.alive()
     finally:
         delete_queues(api, created)
+
+
+def test_two_processes_exactly_one_schedules_and_hands_over(cluster, namespace, kai_scheduler,
+                                                            tmp_path):
+    """The session's scheduler holds the Lease; a second `kai-ray run` waits. Killing the
+    holder hands scheduling to the other within the lease duration (15 s) plus a cycle."""
+    from kai_ray.testing.scheduler_process import KaiRayProcess
+
+    api = cluster.api_client()
+    core = client.CoreV1Api(api)
+    coordination = client.CoordinationV1Api(api)
+    holder = wait_for("a lease holder", lambda: coordination.read_namespaced_lease(
+        "kai-ray-scheduler", "kube-system").spec.holder_identity)
+    second = KaiRayProcess(cluster.kubeconfig, tmp_path)
+    second.start()
+    try:
+        second.wait_ready()
+        import time as _time
+        _time.sleep(3)
+        assert "became leader" not in second.log_tail(500), "two leaders at once"
+        assert coordination.read_namespaced_lease(
+            "kai-ray-scheduler", "kube-system").spec.holder_identity == holder
+        kai_scheduler.kill()
+        pool, _ = pool_nodes(api, 1, gpus=1)
+        qname = f"ho-{namespace[-5:]}"
+        created = create_queues(api, queue(qname))
+        try:
+            core.create_namespaced_pod(namespace, pod("after-handover", qname, gpus=1,
+                                                      node_selector={"kai-ray.io/pool": pool}))
+            wait_for("the second process schedules", lambda: pod_phase(
+                core, namespace, "after-handover")[0] == "Running", timeout=40,
+                detail=second.log_tail)
+            assert "became leader" in second.log_tail(500)
+        finally:
+            delete_queues(api, created)
+    finally:
+        second.stop()
+        kai_scheduler.start()  # later tests keep a scheduler
+        kai_scheduler.wait_ready()
