@@ -101,6 +101,7 @@ class ControlPlane(Cluster):
                 self._stop_processes()
                 if attempt < attempts and "address already in use" in str(e):
                     continue
+                self.keep_workdir = True  # the logs are the diagnosis
                 raise ControlPlaneError(f"{e}\n(all logs in {self.logs_dir})") from None
             except BaseException:
                 self.stop()

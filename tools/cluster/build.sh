@@ -87,6 +87,11 @@ esac
 # cache so they survive `go clean -modcache`.
 fetch_kuberay_assets() {
   [ -d "$kuberay_dir/crd" ] && [ -d "$kuberay_dir/samples" ] && return 0
+  if ! command -v go >/dev/null; then
+    echo "build.sh: Go is needed to fetch KubeRay's CRDs and samples (or set KAI_RAY_KUBERAY_DIR" \
+      "to a directory with crd/ and samples/)" >&2
+    exit 1
+  fi
   echo "== KubeRay $KUBERAY_VERSION CRDs and samples (go mod download)"
   local dir
   dir="$(go mod download -json "$KUBERAY_MODULE@$KUBERAY_VERSION" \
