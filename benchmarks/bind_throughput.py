@@ -30,15 +30,16 @@ from kai_ray.testing.scheduler_process import KaiRayProcess
 NS = "bench"
 
 
-def _pod(name: str, scheduler: str, group: str | None) -> dict:
+def _pod(name: str, scheduler: str, group: str | None, gpus: int) -> dict:
     meta: dict = {"name": name, "labels": {"kai.scheduler/queue": "bench"}}
     if group:
         meta["annotations"] = {"pod-group-name": group}
+    resources: dict = {"requests": {"cpu": "100m", "memory": "128Mi"}}
+    if gpus:
+        resources["limits"] = {"nvidia.com/gpu": str(gpus)}
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {
         "schedulerName": scheduler,
-        "containers": [{"name": "c", "image": "example.invalid/x:1",
-                        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"},
-                                      "limits": {"nvidia.com/gpu": "1"}}}]}}
+        "containers": [{"name": "c", "image": "example.invalid/x:1", "resources": resources}]}}
 
 
 def run(scheduler: str, args: argparse.Namespace) -> dict:
@@ -85,7 +86,8 @@ def run(scheduler: str, args: argparse.Namespace) -> dict:
         total = len(pods)
         start = time.monotonic()
         with ThreadPoolExecutor(16) as pool:
-            list(pool.map(lambda p: core.create_namespaced_pod(NS, _pod(p[0], name, p[1])),
+            list(pool.map(lambda p: core.create_namespaced_pod(
+                NS, _pod(p[0], name, p[1], args.gpus_per_pod)),
                           pods))
         created = time.monotonic() - start
         print(f"  {total} pods created in {created:.1f}s", file=sys.stderr)
@@ -124,6 +126,8 @@ def main() -> int:
     parser.add_argument("--single", type=int, default=5000)
     parser.add_argument("--gangs", type=int, default=500)
     parser.add_argument("--gang-size", type=int, default=8)
+    parser.add_argument("--gpus-per-pod", type=int, default=0,
+                        help="whole GPUs per pod (default 0: the workload must fit the nodes)")
     parser.add_argument("--scheduler", choices=["kai", "kube", "both"], default="both")
     parser.add_argument("--kube-qps", type=int, default=1000,
                         help="kube-scheduler's --kube-api-qps (its default is 50)")
