@@ -76,7 +76,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     loop_config = load_config(getattr(args, "config", None))
     metrics = SchedulerMetrics()
     cache = ClusterCache(api)
-    cache.start()
+    try:
+        cache.start()
+    except (RuntimeError, TimeoutError) as e:
+        print(f"kai-ray run: {e}", file=sys.stderr)
+        return 2
     loop = SchedulerLoop(api, cache, loop_config, grouper=None,
                          on_cycle=lambda r: metrics.record_cycle(r, r.action_seconds.get("cycle")))
     loop.grouper = PodGrouper(api, cache, loop.events)
