@@ -24,6 +24,7 @@ from pathlib import Path
 from kubernetes import client
 
 from kai_ray.testing import binaries
+from kai_ray.testing.nodes import create_gpu_nodes, wait_nodes_ready
 from kai_ray.testing.plane import ControlPlane
 from kai_ray.testing.scheduler_process import KaiRayProcess
 
@@ -51,7 +52,10 @@ def run(scheduler: str, args: argparse.Namespace) -> dict:
         core = client.CoreV1Api(api)
         custom = client.CustomObjectsApi(api)
         t = time.monotonic()
-        plane.add_gpu_nodes(args.nodes, 8, timeout=300)
+        with ThreadPoolExecutor(16) as pool:  # 1,000 creates one by one take minutes
+            names = list(pool.map(lambda i: create_gpu_nodes(api, 1, 8, start=i)[0],
+                                  range(args.nodes)))
+        wait_nodes_ready(api, names, timeout=600)
         print(f"  {args.nodes} nodes ready in {time.monotonic() - t:.1f}s", file=sys.stderr)
         core.create_namespace({"metadata": {"name": NS}})
         plane.wait_service_account(NS)
