@@ -1,0 +1,407 @@
+"""GPU placement policies: where a pod goes (node) and on which GPU devices.
+
+Pure, vectorised numpy over nodes and devices; no I/O, clock or randomness. The scheduling core
+and the trace simulator (`kai_ray.sim.packing`) call the same functions.
+
+State and request model (integer units: milli-CPU, MiB, GPU thousandths):
+
+- `NodeState`: per node free CPU (N,), free memory (N,), per-device free GPU milli (N, Gmax) with
+  `-1` for device slots a node does not have, and a GPU model id (N,) (`-1`: no GPU).
+  The arrays are owned by the caller, who applies placements with `apply()`.
+- `PodRequest`: cpu, memory, `num_gpu`, `gpu_milli` per GPU (`< 1000` with `num_gpu == 1` is a
+  shared/fractional request; whole-GPU requests use 1000), and an optional allowed-model mask.
+- `ShapeSet`: the workload's typical pod shapes with popularity weights summing to 1. Computed by
+  the caller (simulator: from the trace, like FGD; live scheduler: from pending/recent pods).
+
+API: `fits(state, req) -> bool (N,)`; `score(policy, state, req, shapes) -> float (N,)` (higher is
+better, `-inf` where the pod does not fit); `choose_devices(policy, state, node, req, shapes)`;
+`place(...)` = best node (ties: lowest index, i.e. callers sort nodes by name) + its devices.
+
+Policies (`POLICIES`):
+- `best_fit`: FGD paper's Best-fit: least CPU+GPU left after placement, weights 0.5/0.5 of
+  128 cores / 8 GPUs, integer-truncated score like the reference simulator; device: tightest fit.
+- `packing`: FGD paper's GPU Packing: prefer partly used GPUs, then used nodes, then free nodes.
+- `kai`: KAI's default: +1000 when an already shared GPU fits (gpusharingorder), node binpack
+  0..9 on free whole GPUs (CPU millis for CPU-only pods); device: fullest device that fits.
+- `fgd`: Fragmentation Gradient Descent (ATC '23): least growth of the expected fragmented GPU
+  amount against the typical shapes, scored `int(100·sigmoid(-Δfrag/1000))` as the reference.
+- `fgd_bf` (ours): the same fragmentation gradient, exact (no integer truncation), both for nodes
+  and devices, then ties broken by the Best-fit residual (least free GPU, then CPU) instead of by
+  node order; see `score()` for the details.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from numpy.typing import NDArray
+
+GPU_MILLI = 1000
+MAX_SPEC_CPU = 128_000  # Best-fit normaliser (reference simulator's MaxSpecCpu)
+MAX_SPEC_GPU = 8_000  # Best-fit normaliser (MaxSpecGpu)
+
+POLICIES = ("best_fit", "packing", "kai", "fgd", "fgd_bf")
+
+IntArr = NDArray[np.int64]
+FloatArr = NDArray[np.float64]
+BoolArr = NDArray[np.bool_]
+
+
+@dataclass
+class NodeState:
+    cpu_free: IntArr  # (N,) milli-CPU
+    mem_free: IntArr  # (N,) MiB
+    gpu_free: IntArr  # (N, G) milli-GPU per device, -1 = no such device
+    model: IntArr  # (N,) GPU model id, -1 = no GPU
+
+    def __post_init__(self) -> None:
+        n = self.cpu_free.shape[0]
+        if self.gpu_free.ndim != 2 or self.gpu_free.shape[0] != n:
+            raise ValueError(f"NodeState.gpu_free: expected shape ({n}, G), "
+                             f"got {self.gpu_free.shape}")
+        for name in ("mem_free", "model"):
+            if getattr(self, name).shape != (n,):
+                raise ValueError(f"NodeState.{name}: expected shape ({n},), "
+                                 f"got {getattr(self, name).shape}")
+
+    @property
+    def n_nodes(self) -> int:
+        return int(self.cpu_free.shape[0])
+
+    def copy(self) -> NodeState:
+        return NodeState(self.cpu_free.copy(), self.mem_free.copy(), self.gpu_free.copy(),
+                         self.model.copy())
+
+
+@dataclass(frozen=True)
+class PodRequest:
+    cpu_milli: int
+    memory_mib: int
+    num_gpu: int = 0
+    gpu_milli: int = 0  # per GPU, 1..1000 when num_gpu > 0
+    models: BoolArr | None = None  # (M,) allowed model ids; None = any
+
+    def __post_init__(self) -> None:
+        if self.cpu_milli < 0 or self.memory_mib < 0:
+            raise ValueError("PodRequest.cpu_milli/memory_mib: must be >= 0")
+        if self.num_gpu < 0:
+            raise ValueError(f"PodRequest.num_gpu: must be >= 0, got {self.num_gpu}")
+        if self.num_gpu > 0 and not 0 < self.gpu_milli <= GPU_MILLI:
+            raise ValueError(f"PodRequest.gpu_milli: must be in 1..{GPU_MILLI} when num_gpu > 0, "
+                             f"got {self.gpu_milli}")
+        if self.num_gpu > 1 and self.gpu_milli != GPU_MILLI:
+            raise ValueError("PodRequest.gpu_milli: a multi-GPU request must use whole GPUs "
+                             f"(1000), got {self.gpu_milli}")
+
+    @property
+    def shared(self) -> bool:
+        return self.num_gpu == 1 and self.gpu_milli < GPU_MILLI
+
+    @property
+    def total_gpu_milli(self) -> int:
+        return self.num_gpu * self.gpu_milli if self.num_gpu else 0
+
+
+@dataclass(frozen=True)
+class ShapeSet:
+    """Typical pod shapes (K of them) and their popularity weights (sum 1)."""
+
+    cpu_milli: IntArr  # (K,)
+    num_gpu: IntArr  # (K,)
+    gpu_milli: IntArr  # (K,) per GPU; 0 for CPU-only shapes
+    allowed: BoolArr  # (K, M) allowed models per shape
+    weight: FloatArr  # (K,)
+
+    def __post_init__(self) -> None:
+        k = self.weight.shape[0]
+        for name in ("cpu_milli", "num_gpu", "gpu_milli"):
+            if getattr(self, name).shape != (k,):
+                raise ValueError(f"ShapeSet.{name}: expected shape ({k},)")
+        if self.allowed.ndim != 2 or self.allowed.shape[0] != k:
+            raise ValueError(f"ShapeSet.allowed: expected shape ({k}, M)")
+        if k and abs(float(self.weight.sum()) - 1.0) > 1e-6:
+            raise ValueError(f"ShapeSet.weight: must sum to 1, got {float(self.weight.sum())}")
+
+
+# ----------------------------------------------------------------------------------- feasibility
+
+def model_ok(state: NodeState, models: BoolArr | None) -> BoolArr:
+    """Nodes whose GPU model is allowed (all nodes with a GPU when `models` is None)."""
+    has_gpu = state.model >= 0
+    if models is None:
+        return has_gpu
+    idx = np.clip(state.model, 0, max(models.shape[0] - 1, 0))
+    return np.asarray(has_gpu & (state.model < models.shape[0]) & models[idx], dtype=np.bool_)
+
+
+def fits(state: NodeState, req: PodRequest) -> BoolArr:
+    """Nodes where the pod fits: CPU, memory, and enough devices with `gpu_milli` free each."""
+    ok = (state.cpu_free >= req.cpu_milli) & (state.mem_free >= req.memory_mib)
+    if req.num_gpu == 0:
+        return ok
+    ndev = (state.gpu_free >= req.gpu_milli).sum(axis=1)
+    return np.asarray(ok & model_ok(state, req.models) & (ndev >= req.num_gpu), dtype=np.bool_)
+
+
+def choose_devices(policy: str, state: NodeState, node: int, req: PodRequest,
+                   shapes: ShapeSet | None = None) -> IntArr:
+    """Device indices on `node` for the request (empty for CPU-only pods).
+
+    Whole GPUs: the lowest-index fully free devices (all policies). Shared request: one device,
+    per policy (best_fit/packing/kai: the fullest device that fits; fgd: the device with the best
+    integer FGD score; fgd_bf: least exact fragmentation growth, then fullest).
+    """
+    _check_policy(policy)
+    if req.num_gpu == 0:
+        return np.zeros(0, dtype=np.int64)
+    row = state.gpu_free[node]
+    if not req.shared:
+        free = np.flatnonzero(row >= GPU_MILLI)
+        if free.shape[0] < req.num_gpu:
+            raise ValueError(f"node {node}: {free.shape[0]} free GPUs, request needs "
+                             f"{req.num_gpu}")
+        return free[: req.num_gpu].astype(np.int64)
+    cand = np.flatnonzero(row >= req.gpu_milli)
+    if cand.shape[0] == 0:
+        raise ValueError(f"node {node}: no device has {req.gpu_milli} milli-GPU free")
+    if policy in ("fgd", "fgd_bf"):
+        if shapes is None:
+            raise ValueError(f"policy {policy}: needs the typical shapes")
+        delta = _shared_frag_delta(state, np.array([node]), req, shapes)[0]  # (G,)
+        if policy == "fgd":
+            s = _fgd_int_score(delta)
+            s = np.where(row >= req.gpu_milli, s, -1)
+            return np.array([int(np.argmax(s))], dtype=np.int64)
+        d = np.where(row >= req.gpu_milli, delta, np.inf)
+        best = np.flatnonzero(np.isclose(d, d.min(), rtol=0.0, atol=1e-6))
+        return np.array([int(best[np.argmin(row[best])])], dtype=np.int64)
+    # tightest fit; argmin returns the lowest index among equals
+    masked = np.where(row >= req.gpu_milli, row, np.iinfo(np.int64).max)
+    return np.array([int(np.argmin(masked))], dtype=np.int64)
+
+
+def apply(state: NodeState, node: int, devices: IntArr, req: PodRequest) -> None:
+    """Commit a placement into `state` (in place)."""
+    state.cpu_free[node] -= req.cpu_milli
+    state.mem_free[node] -= req.memory_mib
+    if req.num_gpu:
+        state.gpu_free[node, devices] -= req.gpu_milli
+
+
+# ------------------------------------------------------------------------------ fragmentation
+
+def _shape_stats(gpu_free: IntArr, shapes: ShapeSet) -> tuple[IntArr, FloatArr, FloatArr]:
+    """Per node and shape: #devices with >= shape milli free, Σ free on devices below it; total.
+
+    Computed once per distinct shape milli value (a handful) and gathered to the K shapes.
+    """
+    uniq, inv = np.unique(shapes.gpu_milli, return_inverse=True)
+    free = gpu_free[:, :, None]  # (N, G, 1)
+    ge = free >= uniq[None, None, :]  # (N, G, U)
+    cnt = ge.sum(axis=1)  # (N, U)
+    pos = np.maximum(free, 0)
+    sless = np.where(ge, 0, pos).sum(axis=1).astype(np.float64)  # (N, U)
+    total = pos[:, :, 0].sum(axis=1).astype(np.float64)  # (N,)
+    return cnt[:, inv], sless[:, inv], total
+
+
+def _shape_access(state: NodeState, shapes: ShapeSet) -> BoolArr:
+    """(N, K): the node's GPU model is allowed for the shape."""
+    m = shapes.allowed.shape[1]
+    has = (state.model >= 0) & (state.model < m)
+    idx = np.clip(state.model, 0, max(m - 1, 0))
+    return has[:, None] & shapes.allowed.T[idx] if m else np.zeros(
+        (state.n_nodes, shapes.weight.shape[0]), dtype=np.bool_)
+
+
+def _frag(cpu_free: IntArr, cnt: IntArr, sless: FloatArr, total: FloatArr, access: BoolArr,
+          shapes: ShapeSet) -> FloatArr:
+    """Expected fragmented milli-GPU (FGD definition) from per-shape statistics (any leading dims).
+
+    For each shape: if the node can host it (model, CPU, enough devices) only devices too small
+    for it are fragment; otherwise (and for CPU-only shapes) all idle GPU is fragment.
+    """
+    host = access & (cpu_free[..., None] >= shapes.cpu_milli) & (cnt >= shapes.num_gpu)
+    host &= shapes.gpu_milli > 0
+    per_shape = np.where(host, sless, total[..., None])
+    return np.asarray(per_shape @ shapes.weight, dtype=np.float64)
+
+
+def frag_amount(state: NodeState, shapes: ShapeSet) -> FloatArr:
+    """(N,) expected fragmented GPU milli per node against the typical shapes (FGD's F_n(M))."""
+    cnt, sless, total = _shape_stats(state.gpu_free, shapes)
+    return _frag(state.cpu_free, cnt, sless, total, _shape_access(state, shapes), shapes)
+
+
+def _shared_frag_delta(state: NodeState, nodes: IntArr, req: PodRequest,
+                       shapes: ShapeSet) -> FloatArr:
+    """(len(nodes), G) fragmentation growth if the shared request lands on each device.
+
+    Devices that cannot take it get +inf.
+    """
+    gf = state.gpu_free[nodes]  # (n, G)
+    n, g = gf.shape
+    rows = np.repeat(np.arange(n), g)
+    d = _pair_delta(state, nodes, rows, gf.reshape(-1), req, shapes).reshape(n, g)
+    return np.where(gf >= req.gpu_milli, d, np.inf)
+
+
+def _pair_delta(state: NodeState, nodes: IntArr, rows: IntArr, free: IntArr, req: PodRequest,
+                shapes: ShapeSet) -> FloatArr:
+    """Fragmentation growth for (node row, device free value) pairs: the device goes from
+    `free` to `free - gpu_milli` and the node's CPU drops by the request."""
+    gf = state.gpu_free[nodes]
+    cnt, sless, total = _shape_stats(gf, shapes)
+    access = _shape_access(state, shapes)[nodes]
+    cpu = state.cpu_free[nodes]
+    before = _frag(cpu, cnt, sless, total, access, shapes)
+    m = shapes.gpu_milli[None, :]
+    f = free[:, None]  # (P, 1)
+    f2 = f - req.gpu_milli
+    cnt2 = cnt[rows] - (f >= m) + (f2 >= m)  # (P, K)
+    sless2 = (sless[rows] - np.where((f >= 0) & (f < m), f, 0)
+              + np.where((f2 >= 0) & (f2 < m), f2, 0))
+    after = _frag(cpu[rows] - req.cpu_milli, cnt2, sless2, total[rows] - req.gpu_milli,
+                  access[rows], shapes)
+    return np.asarray(after - before[rows], dtype=np.float64)
+
+
+def _shared_best_delta(state: NodeState, nodes: IntArr, req: PodRequest,
+                       shapes: ShapeSet) -> FloatArr:
+    """(len(nodes),) least growth over a node's devices; equal free values are evaluated once."""
+    gf = state.gpu_free[nodes]
+    r, c = np.nonzero(gf >= req.gpu_milli)
+    key = r * (GPU_MILLI + 1) + gf[r, c]
+    _, first = np.unique(key, return_index=True)
+    rows, free = r[first], gf[r[first], c[first]]
+    d = _pair_delta(state, nodes, rows, free, req, shapes)
+    out = np.full(nodes.shape[0], np.inf)
+    np.minimum.at(out, rows, d)
+    return out
+
+
+def frag_delta(state: NodeState, req: PodRequest, shapes: ShapeSet,
+               nodes: IntArr | None = None) -> FloatArr:
+    """Fragmentation growth per node (best device for shared requests), +inf where it can't go.
+
+    Whole-GPU requests take fully free devices (which count towards no shape's fragment before
+    or after), so only the device count, the idle total and the CPU change. `nodes` (indices)
+    must all fit the request; without it every node is scored.
+    """
+    if nodes is None:
+        ok = fits(state, req)
+        out = np.full(state.n_nodes, np.inf)
+        out[ok] = frag_delta(state, req, shapes, np.flatnonzero(ok))
+        return out
+    idx = nodes
+    if req.shared:
+        return _shared_best_delta(state, idx, req, shapes)
+    gf = state.gpu_free[idx]
+    cnt, sless, total = _shape_stats(gf, shapes)
+    access = _shape_access(state, shapes)[idx]
+    cpu = state.cpu_free[idx]
+    before = _frag(cpu, cnt, sless, total, access, shapes)
+    n = req.num_gpu
+    after = _frag(cpu - req.cpu_milli, cnt - n, sless, total - GPU_MILLI * n, access, shapes)
+    return np.asarray(after - before, dtype=np.float64)
+
+
+def _fgd_int_score(delta: FloatArr) -> FloatArr:
+    """Reference FGD node score: int64(sigmoid((before - after) / 1000) * 100)."""
+    with np.errstate(over="ignore"):
+        sig = 1.0 / (1.0 + np.exp(delta / GPU_MILLI))
+    return np.floor(sig * 100.0)
+
+
+# ------------------------------------------------------------------------------------- scoring
+
+def _check_policy(policy: str) -> None:
+    if policy not in POLICIES:
+        raise ValueError(f"unknown placement policy {policy!r}; known: {', '.join(POLICIES)}")
+
+
+def _best_fit_int(state: NodeState, req: PodRequest) -> FloatArr:
+    gpu_left = np.maximum(state.gpu_free, 0).sum(axis=1)
+    raw = (0.5 * (state.cpu_free - req.cpu_milli) / MAX_SPEC_CPU
+           + 0.5 * (gpu_left - req.total_gpu_milli) / MAX_SPEC_GPU)
+    return np.asarray(np.trunc((1.0 - raw) * 100.0), dtype=np.float64)
+
+
+def _packing_int(state: NodeState, req: PodRequest) -> FloatArr:
+    n = state.n_nodes
+    if req.num_gpu == 0:
+        return np.zeros(n)
+    gf = state.gpu_free
+    ndev = (gf >= 0).sum(axis=1)
+    full = (gf == GPU_MILLI).sum(axis=1)
+    case3 = np.maximum(100 // 3 - full, full).astype(np.float64)
+    if req.shared:
+        # tightest device that fits; it is fully free only if no partly used device fits
+        masked = np.where(gf >= req.gpu_milli, gf, np.iinfo(np.int64).max)
+        tight = masked.min(axis=1)
+        case1 = np.maximum(100 - (tight * 100 // GPU_MILLI) // 10, 50).astype(np.float64)
+        case2 = np.full(n, max(50 - 1, 33), dtype=np.float64)
+        s = np.where(tight >= GPU_MILLI, case2, case1)
+    else:
+        s = np.full(n, float(max(50 - req.num_gpu, 33)))
+    return np.where(full == ndev, case3, s)
+
+
+def _kai(state: NodeState, req: PodRequest) -> FloatArr:
+    gf = state.gpu_free
+    if req.num_gpu == 0:
+        free = state.cpu_free.astype(np.float64)
+        partly = ((gf > 0) & (gf < GPU_MILLI)).any(axis=1)
+        bonus = np.where(partly, 1000.0, 0.0)  # KAI quirk: portion 0 "fits" a shared device
+    else:
+        free = (gf == GPU_MILLI).sum(axis=1).astype(np.float64)
+        fit_shared = ((gf >= req.gpu_milli) & (gf < GPU_MILLI)).any(axis=1)
+        bonus = np.where(fit_shared, 1000.0, 0.0) if req.shared else np.zeros(state.n_nodes)
+    lo, hi = free.min(), free.max()
+    binpack = np.full(state.n_nodes, 9.0) if hi == lo else 9.0 * (1.0 - (free - lo) / (hi - lo))
+    return np.asarray(bonus + binpack, dtype=np.float64)
+
+
+def score(policy: str, state: NodeState, req: PodRequest,
+          shapes: ShapeSet | None = None) -> FloatArr:
+    """(N,) node scores, higher is better, -inf where the pod does not fit.
+
+    `fgd_bf` (ours) = -(exact fragmentation growth) - ε·(GPU left after) - ε²·(CPU left after):
+    the FGD gradient without the reference's integer truncation and sigmoid saturation (which
+    turn many different growths into ties broken by node name), then the Best-fit residual.
+    """
+    _check_policy(policy)
+    ok = fits(state, req)
+    out = np.full(state.n_nodes, -np.inf)
+    idx = np.flatnonzero(ok)
+    if idx.shape[0] == 0:
+        return out
+    if policy == "best_fit":
+        out[idx] = _best_fit_int(state, req)[idx]
+    elif policy == "packing":
+        out[idx] = _packing_int(state, req)[idx]
+    elif policy == "kai":
+        # binpack normalises over all nodes passed in, fitting or not (KAI behaviour)
+        out[idx] = _kai(state, req)[idx]
+    else:
+        if shapes is None:
+            raise ValueError(f"policy {policy}: needs the typical shapes")
+        delta = frag_delta(state, req, shapes, idx)
+        if policy == "fgd":
+            out[idx] = _fgd_int_score(delta)
+        else:
+            gpu_left = np.maximum(state.gpu_free[idx], 0).sum(axis=1) - req.total_gpu_milli
+            cpu_left = state.cpu_free[idx] - req.cpu_milli
+            out[idx] = -delta - 1e-4 * gpu_left / GPU_MILLI - 1e-7 * cpu_left / 1000.0
+    return out
+
+
+def place(policy: str, state: NodeState, req: PodRequest,
+          shapes: ShapeSet | None = None) -> tuple[int, IntArr] | None:
+    """Best node (first index among equal scores) and its devices, or None if nothing fits."""
+    s = score(policy, state, req, shapes)
+    node = int(np.argmax(s))
+    if not np.isfinite(s[node]):
+        return None
+    return node, choose_devices(policy, state, node, req, shapes)
