@@ -25,14 +25,21 @@ Policies (`POLICIES`):
   0..9 on free whole GPUs (CPU millis for CPU-only pods); device: fullest device that fits.
 - `fgd`: Fragmentation Gradient Descent (ATC '23): least growth of the expected fragmented GPU
   amount against the typical shapes, scored `int(100·sigmoid(-Δfrag/1000))` as the reference.
-- `fgd_bf` (ours): the same fragmentation gradient, exact (no integer truncation), both for nodes
-  and devices, then ties broken by the Best-fit residual (least free GPU, then CPU) instead of by
-  node order; see `score()` for the details.
+- `lookahead` (ours): FGD's integer score first, then, among nodes in the same FGD bucket
+  (the reference breaks those ties by node name), the least growth of a look-ahead waste:
+  per typical shape, the idle GPU of the node that a stream of such pods could not use, given
+  the expected leftover of each device when it keeps receiving fitting typical pods
+  (`device_leftover`, a small dynamic programme over 0..1000 milli), whole free devices for
+  multi-GPU shapes, and how many such pods the CPU (and memory) still allow; weighted by the
+  shapes' popularity. Then Best-fit. Devices: FGD score, then look-ahead, then the fullest.
+  FGD only asks whether one pod of each shape still fits, so it is blind to the slivers a
+  partly filled device leaves after the next pods and to CPU running out after a few.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 import numpy as np
 from numpy.typing import NDArray
@@ -41,7 +48,7 @@ GPU_MILLI = 1000
 MAX_SPEC_CPU = 128_000  # Best-fit normaliser (reference simulator's MaxSpecCpu)
 MAX_SPEC_GPU = 8_000  # Best-fit normaliser (MaxSpecGpu)
 
-POLICIES = ("best_fit", "packing", "kai", "fgd", "fgd_bf")
+POLICIES = ("best_fit", "packing", "kai", "fgd", "lookahead")
 
 IntArr = NDArray[np.int64]
 FloatArr = NDArray[np.float64]
@@ -112,16 +119,24 @@ class ShapeSet:
     gpu_milli: IntArr  # (K,) per GPU; 0 for CPU-only shapes
     allowed: BoolArr  # (K, M) allowed models per shape
     weight: FloatArr  # (K,)
+    memory_mib: IntArr | None = None  # (K,) typical memory; None = not limiting (lookahead)
 
     def __post_init__(self) -> None:
         k = self.weight.shape[0]
         for name in ("cpu_milli", "num_gpu", "gpu_milli"):
             if getattr(self, name).shape != (k,):
                 raise ValueError(f"ShapeSet.{name}: expected shape ({k},)")
+        if self.memory_mib is not None and self.memory_mib.shape != (k,):
+            raise ValueError(f"ShapeSet.memory_mib: expected shape ({k},)")
         if self.allowed.ndim != 2 or self.allowed.shape[0] != k:
             raise ValueError(f"ShapeSet.allowed: expected shape ({k}, M)")
         if k and abs(float(self.weight.sum()) - 1.0) > 1e-6:
             raise ValueError(f"ShapeSet.weight: must sum to 1, got {float(self.weight.sum())}")
+
+    @cached_property
+    def leftover(self) -> FloatArr:
+        """`device_leftover(self)`, computed once per shape set."""
+        return device_leftover(self)
 
 
 # ----------------------------------------------------------------------------------- feasibility
@@ -150,7 +165,8 @@ def choose_devices(policy: str, state: NodeState, node: int, req: PodRequest,
 
     Whole GPUs: the lowest-index fully free devices (all policies). Shared request: one device,
     per policy (best_fit/packing/kai: the fullest device that fits; fgd: the device with the best
-    integer FGD score; fgd_bf: least exact fragmentation growth, then fullest).
+    integer FGD score, first index on ties; lookahead: the best integer FGD score, then the least
+    look-ahead waste growth, then the fullest device).
     """
     _check_policy(policy)
     if req.num_gpu == 0:
@@ -165,17 +181,18 @@ def choose_devices(policy: str, state: NodeState, node: int, req: PodRequest,
     cand = np.flatnonzero(row >= req.gpu_milli)
     if cand.shape[0] == 0:
         raise ValueError(f"node {node}: no device has {req.gpu_milli} milli-GPU free")
-    if policy in ("fgd", "fgd_bf"):
+    if policy in ("fgd", "lookahead"):
         if shapes is None:
             raise ValueError(f"policy {policy}: needs the typical shapes")
-        delta = _shared_frag_delta(state, np.array([node]), req, shapes)[0]  # (G,)
+        fgd = _fgd_int_score(_shared_frag_delta(state, np.array([node]), req, shapes)[0])
+        fits_dev = row >= req.gpu_milli
         if policy == "fgd":
-            s = _fgd_int_score(delta)
-            s = np.where(row >= req.gpu_milli, s, -1)
-            return np.array([int(np.argmax(s))], dtype=np.int64)
-        d = np.where(row >= req.gpu_milli, delta, np.inf)
-        best = np.flatnonzero(np.isclose(d, d.min(), rtol=0.0, atol=1e-6))
-        return np.array([int(best[np.argmin(row[best])])], dtype=np.int64)
+            return np.array([int(np.argmax(np.where(fits_dev, fgd, -1)))], dtype=np.int64)
+        g = row.shape[0]
+        ahead = _fill_pair_delta(state, np.array([node]), np.zeros(g, dtype=np.int64), row, req,
+                                 shapes, shapes.leftover)
+        key = np.where(fits_dev, fgd * 1e6 - ahead - 1e-6 * row, -np.inf)
+        return np.array([int(np.argmax(key))], dtype=np.int64)
     # tightest fit; argmin returns the lowest index among equals
     masked = np.where(row >= req.gpu_milli, row, np.iinfo(np.int64).max)
     return np.array([int(np.argmin(masked))], dtype=np.int64)
@@ -314,6 +331,100 @@ def _fgd_int_score(delta: FloatArr) -> FloatArr:
     return np.floor(sig * 100.0)
 
 
+# ------------------------------------------------------------------------ look-ahead waste
+
+def device_leftover(shapes: ShapeSet) -> FloatArr:
+    """(1001,) expected milli a device with f free ends up wasting if it keeps receiving pods
+    drawn from the single-GPU typical shapes that still fit (popularity-weighted), until none
+    fits: L(f) = f when no shape fits, else the weighted mean of L(f - m_k) over fitting k."""
+    one = (shapes.gpu_milli > 0) & (shapes.num_gpu == 1)
+    m, w = shapes.gpu_milli[one], shapes.weight[one]
+    out = np.arange(GPU_MILLI + 1, dtype=np.float64)
+    if m.shape[0] == 0:
+        return out
+    for f in range(int(m.min()), GPU_MILLI + 1):
+        ok = m <= f
+        out[f] = float((w[ok] * out[f - m[ok]]).sum() / w[ok].sum())
+    return out
+
+
+def _fill_stats(gpu_free: IntArr, leftover: FloatArr) -> tuple[IntArr, FloatArr, FloatArr]:
+    """Per node: fully free devices, idle milli, expected device leftover Σ L(free)."""
+    pos = np.maximum(gpu_free, 0)
+    full = (gpu_free >= GPU_MILLI).sum(axis=1)
+    return full, pos.sum(axis=1).astype(np.float64), leftover[pos].sum(axis=1)
+
+
+def _fill_waste(cpu_free: IntArr, mem_free: IntArr, full: IntArr, idle: FloatArr,
+                left: FloatArr, access: BoolArr, shapes: ShapeSet) -> FloatArr:
+    """Expected idle GPU milli that a stream of each typical shape could not use (any leading
+    dims): single-GPU shapes can use the idle GPU minus the device leftover, multi-GPU shapes
+    whole free devices in groups of num_gpu; both at most as many pods as CPU (and memory)
+    still allow."""
+    cnt = cpu_free[..., None] // np.maximum(shapes.cpu_milli, 1)
+    if shapes.memory_mib is not None:
+        cnt = np.minimum(cnt, mem_free[..., None] // np.maximum(shapes.memory_mib, 1))
+    cnt = np.where(access & (shapes.gpu_milli > 0), np.maximum(cnt, 0), 0)
+    n = np.maximum(shapes.num_gpu, 1)
+    multi = shapes.num_gpu > 1
+    cnt = np.where(multi, np.minimum(cnt, full[..., None] // n), cnt)
+    gpu_ok = np.where(multi, idle[..., None], (idle - left)[..., None])
+    usable = np.minimum(cnt * (shapes.gpu_milli * n), gpu_ok)
+    return np.asarray((idle[..., None] - usable) @ shapes.weight, dtype=np.float64)
+
+
+def fill_waste(state: NodeState, shapes: ShapeSet, leftover: FloatArr | None = None) -> FloatArr:
+    """(N,) look-ahead waste per node (the `lookahead` policy's measure)."""
+    lo = shapes.leftover if leftover is None else leftover
+    full, idle, left = _fill_stats(state.gpu_free, lo)
+    return _fill_waste(state.cpu_free, state.mem_free, full, idle, left,
+                       _shape_access(state, shapes), shapes)
+
+
+def _fill_pair_delta(state: NodeState, nodes: IntArr, rows: IntArr, free: IntArr,
+                     req: PodRequest, shapes: ShapeSet, leftover: FloatArr) -> FloatArr:
+    """Look-ahead waste growth for (node row, device free value) pairs of a shared request."""
+    full, idle, left = _fill_stats(state.gpu_free[nodes], leftover)
+    access = _shape_access(state, shapes)[nodes]
+    cpu, mem = state.cpu_free[nodes], state.mem_free[nodes]
+    before = _fill_waste(cpu, mem, full, idle, left, access, shapes)
+    f = np.maximum(free, 0)
+    f2 = np.maximum(f - req.gpu_milli, 0)
+    after = _fill_waste(cpu[rows] - req.cpu_milli, mem[rows] - req.memory_mib,
+                        full[rows] - (f >= GPU_MILLI), idle[rows] - req.gpu_milli,
+                        left[rows] - leftover[f] + leftover[f2], access[rows], shapes)
+    return np.asarray(after - before[rows], dtype=np.float64)
+
+
+def fill_delta(state: NodeState, req: PodRequest, shapes: ShapeSet,
+               nodes: IntArr | None = None, leftover: FloatArr | None = None) -> FloatArr:
+    """Look-ahead waste growth per node (best device for shared requests); +inf if no fit."""
+    lo = shapes.leftover if leftover is None else leftover
+    if nodes is None:
+        ok = fits(state, req)
+        out = np.full(state.n_nodes, np.inf)
+        out[ok] = fill_delta(state, req, shapes, np.flatnonzero(ok), lo)
+        return out
+    if req.shared:
+        gf = state.gpu_free[nodes]
+        r, c = np.nonzero(gf >= req.gpu_milli)
+        key = r * (GPU_MILLI + 1) + gf[r, c]
+        _, first = np.unique(key, return_index=True)
+        rows = r[first]
+        d = _fill_pair_delta(state, nodes, rows, gf[rows, c[first]], req, shapes, lo)
+        best = np.full(nodes.shape[0], np.inf)
+        np.minimum.at(best, rows, d)
+        return best
+    full, idle, left = _fill_stats(state.gpu_free[nodes], lo)
+    access = _shape_access(state, shapes)[nodes]
+    cpu, mem = state.cpu_free[nodes], state.mem_free[nodes]
+    before = _fill_waste(cpu, mem, full, idle, left, access, shapes)
+    n = req.num_gpu
+    after = _fill_waste(cpu - req.cpu_milli, mem - req.memory_mib, full - n,
+                        idle - GPU_MILLI * n, left - n * (lo[GPU_MILLI] - lo[0]), access, shapes)
+    return np.asarray(after - before, dtype=np.float64)
+
+
 # ------------------------------------------------------------------------------------- scoring
 
 def _check_policy(policy: str) -> None:
@@ -367,9 +478,9 @@ def score(policy: str, state: NodeState, req: PodRequest,
           shapes: ShapeSet | None = None) -> FloatArr:
     """(N,) node scores, higher is better, -inf where the pod does not fit.
 
-    `fgd_bf` (ours) = -(exact fragmentation growth) - ε·(GPU left after) - ε²·(CPU left after):
-    the FGD gradient without the reference's integer truncation and sigmoid saturation (which
-    turn many different growths into ties broken by node name), then the Best-fit residual.
+    `lookahead` (ours) = lexicographic (FGD's integer score, -look-ahead waste growth, -Best-fit
+    residual): FGD's coarse buckets first (finer exact-gradient ranking is worse: it spreads
+    pods), and the look-ahead instead of node order inside a bucket.
     """
     _check_policy(policy)
     ok = fits(state, req)
@@ -387,13 +498,15 @@ def score(policy: str, state: NodeState, req: PodRequest,
     else:
         if shapes is None:
             raise ValueError(f"policy {policy}: needs the typical shapes")
-        delta = frag_delta(state, req, shapes, idx)
         if policy == "fgd":
-            out[idx] = _fgd_int_score(delta)
+            out[idx] = _fgd_int_score(frag_delta(state, req, shapes, idx))
         else:
+            fgd = _fgd_int_score(frag_delta(state, req, shapes, idx))
+            ahead = fill_delta(state, req, shapes, idx)
             gpu_left = np.maximum(state.gpu_free[idx], 0).sum(axis=1) - req.total_gpu_milli
             cpu_left = state.cpu_free[idx] - req.cpu_milli
-            out[idx] = -delta - 1e-4 * gpu_left / GPU_MILLI - 1e-7 * cpu_left / 1000.0
+            residual = 0.5 * cpu_left / MAX_SPEC_CPU + 0.5 * gpu_left / MAX_SPEC_GPU
+            out[idx] = fgd * 1e6 - ahead - 1e-3 * residual
     return out
 
 

@@ -15,7 +15,7 @@ import numpy as np
 
 from kai_ray.sim.packing import protocol, trace
 
-DEFAULT_POLICIES = ("random", "best_fit", "packing", "kai", "fgd", "fgd_bf")
+DEFAULT_POLICIES = ("random", "best_fit", "packing", "kai", "fgd", "lookahead")
 # our name -> the FGD artifact's name for the published medians
 PUBLISHED_NAME = {"random": "Random", "best_fit": "BestFit", "packing": "GpuPacking",
                   "fgd": "FGD"}
@@ -73,7 +73,7 @@ def run_all(data_dir: str, traces: list[str], policies: list[str], seeds: list[i
             workers: int) -> list[dict[str, Any]]:
     jobs = [Job(data_dir, t, p, s) for t in traces for p in policies for s in seeds]
     # slow policies first so the pool stays busy to the end
-    jobs.sort(key=lambda j: j.policy not in ("fgd", "fgd_bf"))
+    jobs.sort(key=lambda j: j.policy not in ("fgd", "lookahead"))
     results: list[dict[str, Any]] = []
     t0 = time.time()
     if workers <= 1:
