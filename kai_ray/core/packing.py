@@ -25,15 +25,16 @@ Policies (`POLICIES`):
   0..9 on free whole GPUs (CPU millis for CPU-only pods); device: fullest device that fits.
 - `fgd`: Fragmentation Gradient Descent (ATC '23): least growth of the expected fragmented GPU
   amount against the typical shapes, scored `int(100·sigmoid(-Δfrag/1000))` as the reference.
-- `lookahead` (ours): FGD's integer score first, then, among nodes in the same FGD bucket
-  (the reference breaks those ties by node name), the least growth of a look-ahead waste:
-  per typical shape, the idle GPU of the node that a stream of such pods could not use, given
-  the expected leftover of each device when it keeps receiving fitting typical pods
-  (`device_leftover`, a small dynamic programme over 0..1000 milli), whole free devices for
-  multi-GPU shapes, and how many such pods the CPU (and memory) still allow; weighted by the
-  shapes' popularity. Then Best-fit. Devices: FGD score, then look-ahead, then the fullest.
+- `lookahead` (ours): FGD's integer score first; then, among nodes in the same FGD bucket (the
+  reference breaks those ties by node name alone), the least growth of a look-ahead waste,
+  counted in whole GPUs; then node order. The look-ahead waste of a node is, per typical shape,
+  the idle GPU that a stream of such pods could not use, given the expected leftover of each
+  device when it keeps receiving fitting typical pods (`device_leftover`, a small dynamic
+  programme over 0..1000 milli), whole free devices for multi-GPU shapes, and how many such pods
+  the CPU (and memory, if the shapes carry it) still allow; weighted by the shapes' popularity.
   FGD only asks whether one pod of each shape still fits, so it is blind to the slivers a
   partly filled device leaves after the next pods and to CPU running out after a few.
+  Devices: FGD's device score, then the look-ahead, then the fullest device.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from numpy.typing import NDArray
 GPU_MILLI = 1000
 MAX_SPEC_CPU = 128_000  # Best-fit normaliser (reference simulator's MaxSpecCpu)
 MAX_SPEC_GPU = 8_000  # Best-fit normaliser (MaxSpecGpu)
+LOOKAHEAD_STEP = 1000.0  # look-ahead waste buckets (milli-GPU) inside an FGD score bucket
 
 POLICIES = ("best_fit", "packing", "kai", "fgd", "lookahead")
 
@@ -478,9 +480,10 @@ def score(policy: str, state: NodeState, req: PodRequest,
           shapes: ShapeSet | None = None) -> FloatArr:
     """(N,) node scores, higher is better, -inf where the pod does not fit.
 
-    `lookahead` (ours) = lexicographic (FGD's integer score, -look-ahead waste growth, -Best-fit
-    residual): FGD's coarse buckets first (finer exact-gradient ranking is worse: it spreads
-    pods), and the look-ahead instead of node order inside a bucket.
+    `lookahead` (ours) = lexicographic (FGD's integer score, look-ahead waste growth in whole-GPU
+    buckets, node order). Coarse buckets on purpose: exact-gradient rankings (tried: FGD's
+    gradient or the look-ahead in float, with Best-fit ties) spread pods and lose to FGD, and
+    finer look-ahead buckets lose on the model-constrained gpuspec traces.
     """
     _check_policy(policy)
     ok = fits(state, req)
@@ -503,10 +506,7 @@ def score(policy: str, state: NodeState, req: PodRequest,
         else:
             fgd = _fgd_int_score(frag_delta(state, req, shapes, idx))
             ahead = fill_delta(state, req, shapes, idx)
-            gpu_left = np.maximum(state.gpu_free[idx], 0).sum(axis=1) - req.total_gpu_milli
-            cpu_left = state.cpu_free[idx] - req.cpu_milli
-            residual = 0.5 * cpu_left / MAX_SPEC_CPU + 0.5 * gpu_left / MAX_SPEC_GPU
-            out[idx] = fgd * 1e6 - ahead - 1e-3 * residual
+            out[idx] = fgd * 1e6 + np.floor(-ahead / LOOKAHEAD_STEP)
     return out
 
 
