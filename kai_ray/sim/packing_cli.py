@@ -153,10 +153,10 @@ def _plot(path: str, results: list[dict[str, Any]],
                 continue
             med = np.nanmedian(np.array(curves, dtype=float), axis=0)
             c = colors.get(p)
-            ax.plot(x, med, color=c, label=f"{p} (ours)", lw=1.6)
+            ax.plot(x, med, color=c, label=f"{p} (this run)", lw=1.6)
             pub = expected.get((t, PUBLISHED_NAME.get(p, ""), "alloc_gpu_pct_of_capacity"))
             if pub is not None:
-                ax.plot(x, 100 - pub, color=c, ls="--", lw=1.0, label=f"{p} (paper)")
+                ax.plot(x, 100 - pub, color=c, ls="--", lw=1.0, label=f"{p} (FGD paper)")
         ax.set_xlim(75, 130)
         ax.set_ylim(0, 30)
         ax.set_title(t)
