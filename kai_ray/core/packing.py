@@ -141,6 +141,34 @@ class ShapeSet:
         return device_leftover(self)
 
 
+def typical_shapes(cpu_milli: IntArr, num_gpu: IntArr, gpu_milli: IntArr, allowed: BoolArr,
+                   threshold: float = 0.95, kind: IntArr | None = None) -> ShapeSet:
+    """FGD's typical pod shapes from a pod population (P pods).
+
+    Shapes are (cpu, gpu_milli, num_gpu, kind) keys, `kind` (P,) telling apart pods with
+    different model constraints (default: the rows of `allowed`, (P, M)). The most popular
+    shapes (ties: larger key first) are taken until they cover `threshold` of the pods; their
+    weights are renormalised to 1. CPU-only pods count as shapes too (gpu_milli 0). The live
+    scheduler passes its pending and recently placed pods; the simulator the trace.
+    """
+    p = cpu_milli.shape[0]
+    if p == 0:
+        raise ValueError("typical_shapes: needs at least one pod")
+    if kind is None:
+        _, kind = np.unique(allowed, axis=0, return_inverse=True)
+        kind = np.asarray(kind, dtype=np.int64).reshape(-1)
+    keys = np.stack([cpu_milli, gpu_milli, num_gpu, kind], axis=1).astype(np.int64)
+    uniq, first, counts = np.unique(keys, axis=0, return_index=True, return_counts=True)
+    order = np.lexsort((-uniq[:, 3], -uniq[:, 2], -uniq[:, 1], -uniq[:, 0], -counts))
+    cum = np.cumsum(counts[order])
+    take = int(np.searchsorted(cum, threshold * p, side="left")) + 1
+    sel = order[: min(take, order.shape[0])]
+    w = counts[sel].astype(np.float64)
+    return ShapeSet(
+        cpu_milli=uniq[sel, 0].copy(), num_gpu=uniq[sel, 2].copy(),
+        gpu_milli=uniq[sel, 1].copy(), allowed=allowed[first[sel]].copy(), weight=w / w.sum())
+
+
 # ----------------------------------------------------------------------------------- feasibility
 
 def model_ok(state: NodeState, models: BoolArr | None) -> BoolArr:

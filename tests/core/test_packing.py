@@ -220,3 +220,19 @@ def test_bad_input_is_named() -> None:
                      np.zeros(2, np.int64))
     with pytest.raises(ValueError, match="weight"):
         shapes([(1, 1, 500, 0.5)])
+
+
+def test_typical_shapes_take_the_most_popular_until_the_threshold() -> None:
+    # 6 pods of A, 3 of B, 1 of C (C differs from A only by its model constraint)
+    cpu = np.array([4000] * 6 + [8000] * 3 + [4000], dtype=np.int64)
+    ng = np.array([1] * 6 + [0] * 3 + [1], dtype=np.int64)
+    milli = np.array([500] * 6 + [0] * 3 + [500], dtype=np.int64)
+    allowed = np.ones((10, 2), dtype=np.bool_)
+    allowed[9, 1] = False
+    sh = pk.typical_shapes(cpu, ng, milli, allowed, threshold=0.9)
+    assert sh.cpu_milli.tolist() == [4000, 8000] and sh.gpu_milli.tolist() == [500, 0]
+    assert sh.weight.tolist() == pytest.approx([6 / 9, 3 / 9])
+    everything = pk.typical_shapes(cpu, ng, milli, allowed, threshold=1.0)
+    assert everything.weight.shape == (3,) and everything.allowed[2].tolist() == [True, False]
+    with pytest.raises(ValueError, match="at least one pod"):
+        pk.typical_shapes(cpu[:0], ng[:0], milli[:0], allowed[:0])

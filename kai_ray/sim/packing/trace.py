@@ -11,12 +11,12 @@ import csv
 import gzip
 import io
 import os
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from kai_ray.core import packing
 from kai_ray.core.packing import GPU_MILLI, NodeState, PodRequest, ShapeSet
 
 REPO_DATA_DIR = Path(__file__).resolve().parents[3] / "benchmarks" / "data" / "openb"
@@ -144,34 +144,15 @@ def load_pods(directory: Path, trace: str) -> PodList:
 
 def typical_shapes(pods: PodList, models: list[str],
                    threshold: float = POPULARITY_THRESHOLD) -> ShapeSet:
-    """FGD's typical pods: most popular (cpu, gpu_milli, num_gpu, spec) shapes covering
+    """FGD's typical pods: most popular (cpu, gpu_milli, num_gpu, gpu_spec) shapes covering
     `threshold` of all pods (CPU-only ones included), weights renormalised to 1."""
-    keys = list(zip(pods.cpu.tolist(), pods.gpu_milli.tolist(), pods.num_gpu.tolist(),
-                    pods.spec, strict=True))
-    counts = Counter(keys)
-    # decreasing count; equal counts: decreasing (cpu, milli, num, spec), as the reference
-    ordered = sorted(counts.items(), key=lambda kv: (kv[1], kv[0]), reverse=True)
-    total = len(keys)
-    chosen: list[tuple[tuple[int, int, int, str], int]] = []
-    cum = 0
-    for k, c in ordered:
-        if cum >= threshold * total:
-            break
-        chosen.append((k, c))
-        cum += c
-    w = np.array([c for _, c in chosen], dtype=np.float64)
-    allowed = np.ones((len(chosen), len(models)), dtype=np.bool_)
-    for i, ((_, _, _, spec), _) in enumerate(chosen):
-        m = spec_mask(spec, models)
-        if m is not None:
-            allowed[i] = m
-    return ShapeSet(
-        cpu_milli=np.array([k[0] for k, _ in chosen], dtype=np.int64),
-        num_gpu=np.array([k[2] for k, _ in chosen], dtype=np.int64),
-        gpu_milli=np.array([k[1] for k, _ in chosen], dtype=np.int64),
-        allowed=allowed,
-        weight=w / w.sum(),
-    )
+    specs = sorted(set(pods.spec))
+    kind = np.array([specs.index(s) for s in pods.spec], dtype=np.int64)
+    masks = [spec_mask(s, models) for s in specs]
+    allowed = np.array([np.ones(len(models), dtype=np.bool_) if m is None else m
+                        for m in masks])[kind]
+    return packing.typical_shapes(pods.cpu.astype(np.int64), pods.num_gpu.astype(np.int64),
+                                  pods.gpu_milli.astype(np.int64), allowed, threshold, kind)
 
 
 def load_expected(directory: Path) -> dict[tuple[str, str, str], np.ndarray]:
