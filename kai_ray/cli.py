@@ -87,6 +87,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="all controllers in one process, out of cluster")
     _add_kubeconfig(p)
     p.add_argument("--config", help="YAML scheduler configuration")
+    p.add_argument("--leader-election", choices=["on", "off"], default="on",
+                   help="only the holder of the Lease schedules (default on)")
+    p.add_argument("--lease-namespace", default="kube-system")
+    p.add_argument("--lease-name", default="kai-ray-scheduler")
+    p.add_argument("--metrics-port", type=int, default=0,
+                   help="serve Prometheus /metrics on this port (0: off)")
+    p.add_argument("--metrics-addr", default="127.0.0.1")
+    p.add_argument("--webhook", action="store_true",
+                   help="also run the admission webhook (kopf, self-signed TLS)")
+    p.add_argument("--webhook-port", type=int, default=0, help="webhook port (0: any free)")
+    p.add_argument("--validate-queue", action="store_true",
+                   help="the webhook rejects pods whose queue is missing or not a leaf")
     p.set_defaults(handler="run")
 
     p = sub.add_parser("queues", help="queue tree: quota, limit, weight, allocated, fair share")

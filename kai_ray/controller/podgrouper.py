@@ -1,0 +1,146 @@
+"""The pod grouper: every pod with `schedulerName: kai-scheduler` gets its PodGroup (created or
+updated as KAI does) and the `pod-group-name` annotation. The rules are the pure ones in
+kai_ray.grouping; this module only reads owners and writes objects."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from kubernetes import client, dynamic
+from kubernetes.client.rest import ApiException
+
+from kai_ray.grouping import GroupingConfig
+from kai_ray.grouping.objects import GroupingError, RayClusterPending
+from kai_ray.grouping.owners import resolve_top_owner
+from kai_ray.grouping.podgroup import group_pod, should_group
+from kai_ray.grouping.update import podgroup_update
+from kai_ray.k8s.cache import PG_GROUP, PG_PLURAL, PG_VERSION, ClusterCache
+from kai_ray.k8s.events import EventRecorder
+
+log = logging.getLogger(__name__)
+Obj = dict[str, Any]
+RESYNC_SECONDS = 10.0
+
+
+class PodGrouper:
+    def __init__(self, api: client.ApiClient, cache: ClusterCache, events: EventRecorder,
+                 config: GroupingConfig | None = None) -> None:
+        self.api = api
+        self.cache = cache
+        self.events = events
+        self.config = config or GroupingConfig()
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self._dynamic: dynamic.DynamicClient | None = None
+        self._namespaces: dict[str, tuple[float, Mapping[str, str]]] = {}
+        self._last_resync = 0.0
+        self.retry: set[str] = set()
+
+    # ------------------------------------------------------------------ reads
+    def get_owner(self, api_version: str, kind: str, namespace: str, name: str
+                  ) -> Mapping[str, Any] | None:
+        if self._dynamic is None:
+            self._dynamic = dynamic.DynamicClient(self.api)
+        try:
+            resource = self._dynamic.resources.get(api_version=api_version, kind=kind)
+            obj = resource.get(name=name, namespace=namespace if resource.namespaced else None)
+        except ApiException as e:
+            if e.status == 403:
+                return None
+            raise
+        result: Mapping[str, Any] = obj.to_dict()
+        return result
+
+    def namespace_labels(self, namespace: str) -> Mapping[str, str]:
+        cached = self._namespaces.get(namespace)
+        if cached and time.monotonic() - cached[0] < 30:
+            return cached[1]
+        try:
+            ns = self.core.read_namespace(namespace)
+            labels: Mapping[str, str] = ns.metadata.labels or {}
+        except ApiException:
+            labels = {}
+        self._namespaces[namespace] = (time.monotonic(), labels)
+        return labels
+
+    # ------------------------------------------------------------------ reconcile
+    def run_once(self) -> int:
+        """Group the pods that changed (and, every few seconds, one pod per PodGroup, so owner
+        changes such as a RayCluster's minReplicas reach the PodGroup). Returns pods handled."""
+        dirty = set(self.cache.take_dirty_pods())
+        keys = dirty | self.retry
+        self.retry = set()
+        now = time.monotonic()
+        if now - self._last_resync > RESYNC_SECONDS:
+            self._last_resync = now
+            seen: set[tuple[str, str]] = set()
+            for pod in self.cache.pods.values():
+                m = pod.get("metadata") or {}
+                group = (m.get("annotations") or {}).get("pod-group-name")
+                if group and (m.get("namespace"), group) not in seen:
+                    seen.add((m.get("namespace"), group))
+                    keys.add(f"{m.get('namespace')}/{m['name']}")
+        existing = {(pg["metadata"].get("namespace"), pg["metadata"]["name"])
+                    for pg in self.cache.podgroups.values()}
+        handled = 0
+        for key in sorted(keys):
+            pod = self.cache.pods.get(key)
+            if pod is None or not should_group(pod, self.config):
+                continue
+            m = pod["metadata"]
+            group = (m.get("annotations") or {}).get("pod-group-name")
+            if group and (m.get("namespace"), group) in existing and key in dirty \
+                    and key not in keys - dirty:
+                continue  # a status update of an already grouped pod
+            try:
+                self._group(pod)
+                handled += 1
+            except RayClusterPending as e:
+                log.info("%s", e)
+                self.retry.add(key)
+            except GroupingError as e:
+                self.events.emit(pod, "PodGrouperWarning", str(e), type_="Warning")
+            except ApiException as e:
+                log.warning("grouping %s failed: %s %s", key, e.status, e.reason)
+                self.retry.add(key)
+        return handled
+
+    def _group(self, pod: Obj) -> None:
+        owners = resolve_top_owner(pod, self.get_owner)
+        classes = {pc["metadata"]["name"] for pc in self.cache.priority_classes.values()}
+        ns = pod["metadata"]["namespace"]
+        grouping = group_pod(pod, owners, classes, self.config, self.namespace_labels(ns))
+        for warning in grouping.warnings:
+            self.events.emit(pod, "PodGrouperWarning", warning, type_="Warning")
+        desired = grouping.podgroup
+        name = grouping.name
+        current = self.cache.podgroups.get(f"{ns}/{name}")
+        if current is None:
+            try:
+                current = self.custom.get_namespaced_custom_object(
+                    PG_GROUP, PG_VERSION, ns, PG_PLURAL, name)
+            except ApiException as e:
+                if e.status != 404:
+                    raise
+                current = None
+        if current is None:
+            try:
+                self.custom.create_namespaced_custom_object(PG_GROUP, PG_VERSION, ns, PG_PLURAL,
+                                                            desired)
+            except ApiException as e:
+                if e.status != 409:
+                    raise
+        else:
+            updated = podgroup_update(current, desired, self.config)
+            if updated is not None:
+                self.custom.replace_namespaced_custom_object(PG_GROUP, PG_VERSION, ns,
+                                                             PG_PLURAL, name, updated)
+        patch = grouping.pod_patch()
+        m = pod["metadata"]
+        have_ann = (m.get("annotations") or {}).get("pod-group-name")
+        have_sub = (m.get("labels") or {}).get("kai.scheduler/subgroup-name")
+        if have_ann != name or (grouping.subgroup is not None and have_sub != grouping.subgroup):
+            self.core.patch_namespaced_pod(m["name"], ns, patch)

@@ -1,0 +1,156 @@
+"""The scheduling loop: every period, group new pods, take a snapshot from the watch cache,
+run the pure core, and carry the decisions out (binder, status, events)."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubernetes import client
+
+from kai_ray.core.model import ACTIVE_ALLOCATED, PodStatus, SchedulerConfig, Snapshot
+from kai_ray.core.result import CycleResult
+from kai_ray.core.schedule import schedule
+from kai_ray.k8s.binder import Binder, BinderConfig
+from kai_ray.k8s.cache import ClusterCache
+from kai_ray.k8s.events import EventRecorder
+from kai_ray.k8s.status import StatusWriter
+
+log = logging.getLogger(__name__)
+Obj = dict[str, Any]
+ASSUME_SECONDS = 30.0
+
+
+@dataclass
+class LoopConfig:
+    period_s: float = 1.0
+    core: SchedulerConfig = field(default_factory=SchedulerConfig)
+    binder: BinderConfig = field(default_factory=BinderConfig)
+    reservation_gc: bool = True
+
+
+@dataclass
+class _Assumed:
+    """A decision already sent that the watch cache may not show yet (kube-scheduler's assume
+    cache): a bound pod still looks Pending for a few milliseconds, an evicted one still
+    Running. Without this the next cycle could decide for those pods again."""
+
+    status: PodStatus
+    node: str | None
+    groups: tuple[str, ...]
+    until: float
+
+
+class SchedulerLoop:
+    def __init__(self, api: client.ApiClient, cache: ClusterCache, config: LoopConfig,
+                 grouper: Any = None, on_cycle: Any = None) -> None:
+        self.cache = cache
+        self.config = config
+        self.events = EventRecorder(api)
+        self.binder = Binder(api, self.events, config.binder)
+        self.status = StatusWriter(api, self.events)
+        self.grouper = grouper
+        self.on_cycle = on_cycle
+        self.assumed: dict[str, _Assumed] = {}
+        self.cycles = 0
+        self.last_result: CycleResult | None = None
+        self.stopping = threading.Event()
+
+    # ------------------------------------------------------------------ snapshot
+    def _apply_assumed(self, snapshot: Snapshot, pods: dict[str, Obj]) -> Snapshot:
+        now = time.monotonic()
+        for key, a in list(self.assumed.items()):
+            pod = pods.get(key)
+            seen = pod is not None and (
+                (a.status == PodStatus.BOUND and (pod.get("spec") or {}).get("nodeName"))
+                or (a.status == PodStatus.RELEASING and
+                    (pod.get("metadata") or {}).get("deletionTimestamp")))
+            if pod is None or seen or now > a.until:
+                del self.assumed[key]
+        if not self.assumed:
+            return snapshot
+        jobs = []
+        for job in snapshot.jobs:
+            changed = False
+            new_pods = []
+            for p in job.pods:
+                a = self.assumed.get(f"{p.namespace}/{p.name}")
+                if a is not None and p.status in (PodStatus.PENDING, *ACTIVE_ALLOCATED):
+                    p = dataclasses.replace(p, status=a.status, node=a.node or p.node,
+                                            gpu_groups=a.groups or p.gpu_groups)
+                    changed = True
+                new_pods.append(p)
+            jobs.append(dataclasses.replace(job, pods=tuple(new_pods)) if changed else job)
+        return dataclasses.replace(snapshot, jobs=tuple(jobs))
+
+    # ------------------------------------------------------------------ one cycle
+    def cycle(self) -> CycleResult:
+        start = time.perf_counter()
+        if self.grouper is not None:
+            self.grouper.run_once()
+        pods = {f"{p['metadata'].get('namespace')}/{p['metadata']['name']}": p
+                for p in self.cache.pods.values()}
+        snapshot, problems, podgroups = self.cache.snapshot()
+        # binds a previous cycle (or a crashed run) recorded but did not finish
+        if any(convert_intent(pg) for pg in podgroups.values()):
+            self.binder.resume(podgroups.values(), pods)
+        snapshot = self._apply_assumed(snapshot, pods)
+        result = schedule(snapshot, self.config.core, time.time(), clock=time.perf_counter)
+        self._carry_out(result, snapshot, podgroups, pods, problems)
+        self.cycles += 1
+        self.last_result = result
+        result.action_seconds["cycle"] = time.perf_counter() - start
+        if self.on_cycle is not None:
+            self.on_cycle(result)
+        return result
+
+    def _carry_out(self, result: CycleResult, snapshot: Snapshot, podgroups: dict[str, Obj],
+                   pods: dict[str, Obj], problems: list[Any]) -> None:
+        until = time.monotonic() + ASSUME_SECONDS
+        for ev in result.evictions:
+            pod = pods.get(f"{ev.namespace}/{ev.pod}")
+            if pod is not None and self.binder.evict(pod, ev.message, ev.action):
+                self.assumed[f"{ev.namespace}/{ev.pod}"] = _Assumed(
+                    PodStatus.RELEASING, ev.node, (), until)
+        started = [j.name for j in snapshot.jobs
+                   if any(b.job == j.name for b in result.binds)
+                   and not any(p.status in ACTIVE_ALLOCATED for p in j.pods)]
+        self.binder.apply_binds(result, podgroups, pods)
+        for b in result.binds:
+            self.assumed[f"{b.namespace}/{b.pod}"] = _Assumed(PodStatus.BOUND, b.node,
+                                                              b.gpu_groups, until)
+        self.status.started(started, podgroups)
+        self.status.pending(result, podgroups, pods)
+        self.status.clear_scheduled(podgroups.values(), set(result.job_status))
+        self.status.stale(result, podgroups)
+        self.status.queues(result.queues, self.cache.queues.values(), problems)
+        for problem in problems:
+            log.warning("%s", problem)
+        if self.config.reservation_gc:
+            self.binder.collect_reservations(pods.values())
+
+    # ------------------------------------------------------------------ loop
+    def run(self, is_leader: Any = None) -> None:
+        while not self.stopping.is_set():
+            started = time.monotonic()
+            if is_leader is None or is_leader():
+                try:
+                    self.cycle()
+                except Exception:  # one bad cycle must not stop scheduling
+                    log.exception("scheduling cycle failed")
+            elapsed = time.monotonic() - started
+            self.cache.changed.clear()
+            self.stopping.wait(max(0.0, self.config.period_s - elapsed))
+
+    def stop(self) -> None:
+        self.stopping.set()
+
+
+def convert_intent(pg: Obj) -> bool:
+    from kai_ray.k8s.convert import BIND_INTENT_ANNOTATION
+
+    return bool((pg["metadata"].get("annotations") or {}).get(BIND_INTENT_ANNOTATION))

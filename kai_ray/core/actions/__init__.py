@@ -1,0 +1,1 @@
+"""Scheduling actions, run in order each cycle."""

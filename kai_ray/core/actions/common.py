@@ -1,0 +1,87 @@
+"""What every action shares: placing a job's tasks as one gang, and recording why not."""
+
+from __future__ import annotations
+
+from kai_ray.core import placement
+from kai_ray.core.capacity import check_job, job_level_request
+from kai_ray.core.model import PodStatus
+from kai_ray.core.state import JobError, JobState, Session, Task
+
+
+def record_error(sess: Session, job: JobState, reason: str, message: str,
+                 fit: dict[str, int] | None = None) -> None:
+    sess.job_errors[job.name] = JobError(reason, message, fit)
+
+
+def fit_message(reasons: dict[str, int]) -> str:
+    parts = [f"{count} node(s) {reason}" for reason, count in sorted(reasons.items())]
+    if not parts:
+        return "no nodes are available"
+    return "no nodes with enough resources were found: " + ", ".join(parts) + "."
+
+
+def gang_message(job: JobState, placed: int, needed: int, task: Task, reasons: dict[str, int]
+                 ) -> str:
+    detail = fit_message(reasons)
+    if len(job.tasks) == 1:
+        return f"Resources were not found for pod {task.namespace}/{task.name} due to: {detail}"
+    return (f"Resources were found for {placed} pods while {needed} are required for gang "
+            f"scheduling. Additional pods cannot be scheduled due to: {detail}")
+
+
+def place_tasks(sess: Session, job: JobState, tasks: list[Task], pipeline_only: bool,
+                record: bool = True) -> bool:
+    """Place `tasks` all or nothing (KAI AllocateJob): queue capacity first, then nodes.
+    On failure nothing is left behind."""
+    error = check_job(sess, job, job_level_request(sess, tasks))
+    if error is not None:
+        if record:
+            record_error(sess, job, error.reason, error.message)
+        return False
+    checkpoint = sess.checkpoint()
+    placed: list[Task] = []
+    # previous task, its node, whether it fit on idle resources, its node's sharing bonus
+    last: tuple[Task, int, bool, bool] | None = None
+    for task in tasks:
+        choice = None
+        if last is not None and _same_shape(last[0], task) and placement.sticky_allowed(sess, task):
+            node = last[1]
+            fits, idle = placement.fits_node(sess, task, node)
+            if fits and idle == last[2] and placement.sharing_bonus_on(sess, task, node) >= last[3]:
+                choice = placement.place_on(sess, task, node, idle)
+        if choice is None:
+            choice, reasons = placement.choose(sess, task)
+            if choice is None:
+                sess.rollback(checkpoint)
+                if record:
+                    record_error(sess, job, "Unschedulable",
+                                 gang_message(job, len(placed), len(tasks), task, reasons),
+                                 reasons)
+                return False
+        last = (task, choice.node, choice.on_idle,
+                placement.sharing_bonus_on(sess, task, choice.node))
+        pipelined = pipeline_only or not choice.on_idle
+        sess.allocate(task, choice.node, choice.groups, pipelined=pipelined)
+        placed.append(task.moved or task)
+    if not pipeline_only:
+        _pipeline_whole_gang_if_needed(sess, job, placed)
+    return True
+
+
+def _same_shape(a: Task, b: Task) -> bool:
+    return a.req == b.req and a.node_selector == b.node_selector
+
+
+def _pipeline_whole_gang_if_needed(sess: Session, job: JobState, placed: list[Task]) -> None:
+    """If part of the gang waits for releasing resources while a podset is still below its
+    minimum counting only really allocated pods, the whole attempt waits (is pipelined)."""
+    if not any(t.status == PodStatus.PIPELINED for t in placed):
+        return
+    for ps in job.podsets.values():
+        bound = sum(1 for t in ps.tasks if t.status in (PodStatus.ALLOCATED, PodStatus.BINDING,
+                                                         PodStatus.BOUND, PodStatus.RUNNING))
+        if bound < ps.min_member:
+            for t in placed:
+                if t.status == PodStatus.ALLOCATED:
+                    sess.set_status(t, PodStatus.PIPELINED)
+            return

@@ -1,0 +1,47 @@
+"""consolidation: move preemptible jobs (no net eviction) to open room for a pending
+preemptible job (kai-spec §6.7)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kai_ray.core.actions.allocate import schedulable_jobs
+from kai_ray.core.actions.solver import FailedJobs, Solver
+from kai_ray.core.ordering import JobQueue, job_request
+from kai_ray.core.state import MILLI, JobState, Session, Task
+
+
+def _message(task: Task, preemptor: JobState) -> str:
+    return (f"Pod {task.namespace}/{task.name} was preempted and rescheduled due to bin packing "
+            "(resource consolidation) procedure")
+
+
+def run(sess: Session) -> None:
+    limit = sess.config.max_consolidation_preemptees
+    if limit == 0 or sess.config.placement.gpu == "spread" or sess.config.placement.cpu == "spread":
+        return
+    failed = FailedJobs()
+    queue = JobQueue(sess, [j for j in schedulable_jobs(sess) if j.preemptible])
+    while (job := queue.pop()) is not None:
+        if failed.should_skip(job, "cluster"):
+            continue
+        if not job.tasks_to_allocate():
+            continue
+        need = job_request(sess, job)[2]
+        free_gpus = float(sess.free_gpu()[sess.schedulable].sum())
+        shared_free = np.where(sess.dev_on, MILLI - sess.dev_used + sess.dev_rel, 0)
+        free_gpus += float(shared_free[sess.schedulable].sum()) / MILLI
+        if need > free_gpus + 1e-9:
+            continue
+
+        def candidates(job: JobState = job) -> list[JobState]:
+            pool = [v for v in sess.jobs.values()
+                    if v is not job and v.preemptible and v.active_count() > 0]
+            return pool if limit < 0 else pool[: limit + 1]
+
+        solver = Solver(sess, "consolidation", candidates,
+                        lambda evicted, moved: "" if evicted else None, _message)
+        if not solver.solve(job):
+            failed.record(job, "cluster")
+        elif job.pending_tasks():
+            queue.push(job)

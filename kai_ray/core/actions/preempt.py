@@ -1,0 +1,43 @@
+"""preempt: inside one queue, a job evicts strictly lower-priority preemptible jobs
+(kai-spec §6.5)."""
+
+from __future__ import annotations
+
+from kai_ray.core.actions.allocate import schedulable_jobs
+from kai_ray.core.actions.runtime import protected
+from kai_ray.core.actions.solver import FailedJobs, Solver, VictimCache
+from kai_ray.core.capacity import check_non_preemptible, job_level_request
+from kai_ray.core.ordering import JobQueue
+from kai_ray.core.state import JobState, Session, Task
+
+
+def _message(task: Task, preemptor: JobState) -> str:
+    return (f"Pod {task.namespace}/{task.name} was preempted by higher priority workload "
+            f"{preemptor.namespace}/{preemptor.name}")
+
+
+def run(sess: Session) -> None:
+    failed = FailedJobs()
+    cache = VictimCache()
+    queue = JobQueue(sess, schedulable_jobs(sess))
+    while (job := queue.pop()) is not None:
+        if failed.should_skip(job, job.queue):
+            continue
+        tasks = job.tasks_to_allocate()
+        if not tasks:
+            continue
+        if not job.preemptible and check_non_preemptible(
+                sess, job, job_level_request(sess, tasks)) is not None:
+            continue
+
+        def candidates(job: JobState = job) -> list[JobState]:
+            return [v for v in sess.jobs.values()
+                    if v is not job and v.queue == job.queue and v.preemptible
+                    and v.priority < job.priority and not protected(sess, v, "preempt")]
+
+        solver = Solver(sess, "preempt", candidates, lambda evicted, moved: None, _message,
+                        cache, (job.queue, job.priority))
+        if not solver.solve(job):
+            failed.record(job, job.queue)
+        elif job.pending_tasks():
+            queue.push(job)

@@ -1,0 +1,40 @@
+"""stalegangeviction: a running gang below its minimum for longer than the grace period is
+evicted whole (kai-spec §6.8)."""
+
+from __future__ import annotations
+
+from functools import partial
+
+from kai_ray.core.model import ACTIVE_ALLOCATED, ACTIVE_USED, PodStatus
+from kai_ray.core.state import EvictInfo, JobState, Session
+
+
+def _is_stale(job: JobState) -> bool:
+    if any(t.status == PodStatus.SUCCEEDED for t in job.tasks):
+        return False
+    if not any(t.status in ACTIVE_USED for t in job.tasks):
+        return False
+    return any(sum(1 for t in ps.tasks if t.status in ACTIVE_USED) < ps.min_member
+               for ps in job.podsets.values())
+
+
+def run(sess: Session, stale_set: dict[str, float], stale_cleared: list[str]) -> None:
+    grace = sess.config.staleness_grace_period_s
+    for job in sess.jobs.values():
+        if not _is_stale(job):
+            if job.stale_since is not None:
+                stale_cleared.append(job.name)
+            continue
+        if job.stale_since is None:
+            stale_set[job.name] = sess.now
+            continue
+        if grace < 0 or sess.now - job.stale_since < grace:
+            continue
+        minimum = sum(ps.min_member for ps in job.podsets.values())
+        for task in job.tasks:
+            if task.status in ACTIVE_ALLOCATED and task.moved is None:
+                sess.evict(task)
+                message = (f"Workload doesn't meet the minimum required number of pods "
+                           f"({minimum}), evicting remaining pod: {task.namespace}/{task.name}")
+                sess.evict_info[task.idx] = EvictInfo("stalegangeviction", None,
+                                                      partial(str, message))

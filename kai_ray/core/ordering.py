@@ -1,0 +1,198 @@
+"""Which job goes next: KAI's queue order (over-utilisation, starvation, priority, dominant
+resource share, ...) over the queue tree, and job order inside a leaf queue.
+
+`JobQueue` pops jobs the way KAI's JobsOrderByQueues does: descend from the roots, at each level
+take the child whose subtree's best job compares best. `reverse=True` gives the victim order.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterable
+from typing import Generic, Protocol, TypeVar
+
+from kai_ray.core.state import JobState, QueueState, Session, leq
+
+_ZERO_SHARE_MULT = 1000.0
+E = TypeVar("E", bound="Entry")
+
+
+def job_request(sess: Session, job: JobState, simulation: bool = False
+                ) -> tuple[float, float, float]:
+    """The candidate request of a job: its tasks-to-allocate (pending gpu-memory via 100 MiB)."""
+    cpu = mem = gpu = 0.0
+    for task in job.tasks_to_allocate(simulation):
+        amount = sess.pending_queue_amount(task.req)
+        cpu += amount[0]
+        mem += amount[1]
+        gpu += amount[2]
+    return (cpu, mem, gpu)
+
+
+def _dominant_share(sess: Session, q: QueueState, extra: tuple[float, ...]) -> float:
+    share = 0.0
+    for r in range(3):
+        allocatable = q.allocatable(r)
+        if allocatable == -1:
+            allocatable = sess.total[r]
+        allocated = q.allocated[r] + extra[r]
+        value = allocated * _ZERO_SHARE_MULT if allocatable == 0 else allocated / allocatable
+        share = max(share, value)
+    return share
+
+
+def compare_queues(sess: Session, lq: QueueState, rq: QueueState,
+                   lreq: tuple[float, float, float], rreq: tuple[float, float, float],
+                   ltaken: tuple[float, float, float] = (0.0, 0.0, 0.0),
+                   rtaken: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> int:
+    """Negative when `lq` goes first (kai-spec §5.1, queue_order.go). `*taken` are victims
+    already taken from the queue (victim order only): they lower its dominant share."""
+    l_over = all(lq.fair_share[r] < lq.allocated[r] for r in range(3))
+    r_over = all(rq.fair_share[r] < rq.allocated[r] for r in range(3))
+    if l_over != r_over:
+        return 1 if l_over else -1
+    l_with = [lq.allocated[r] + lreq[r] for r in range(3)]
+    r_with = [rq.allocated[r] + rreq[r] for r in range(3)]
+    l_starved = leq(l_with, lq.deserved)
+    r_starved = leq(r_with, rq.deserved)
+    if l_starved != r_starved:
+        return -1 if l_starved else 1
+    if lq.priority != rq.priority:
+        return -1 if lq.priority > rq.priority else 1
+    l_zero = any(lq.allocatable(r) == 0 and l_with[r] > 0 for r in range(3))
+    r_zero = any(rq.allocatable(r) == 0 and r_with[r] > 0 for r in range(3))
+    if l_zero != r_zero:
+        return 1 if l_zero else -1
+    ls = _dominant_share(sess, lq, tuple(lreq[r] - ltaken[r] for r in range(3)))
+    rs = _dominant_share(sess, rq, tuple(rreq[r] - rtaken[r] for r in range(3)))
+    if ls != rs:
+        return -1 if ls < rs else 1
+    zero = (0.0, 0.0, 0.0)
+    ls, rs = _dominant_share(sess, lq, zero), _dominant_share(sess, rq, zero)
+    if ls != rs:
+        return -1 if ls < rs else 1
+    la = [lq.allocatable(r) for r in range(3)]
+    ra = [rq.allocatable(r) for r in range(3)]
+    if leq(la, ra) and not leq(ra, la):
+        return -1
+    if leq(ra, la) and not leq(la, ra):
+        return 1
+    if lq.created != rq.created:
+        return -1 if lq.created < rq.created else 1
+    return -1 if lq.name < rq.name else (1 if lq.name > rq.name else 0)
+
+
+class _Rev:
+    """Inverts a sort key for the victim order (heapq is a min-heap)."""
+
+    __slots__ = ("key",)
+
+    def __init__(self, key: tuple[int, int, float, str]) -> None:
+        self.key = key
+
+    def __lt__(self, other: _Rev) -> bool:
+        return self.key > other.key
+
+
+class Entry(Protocol):
+    """What a JobQueue holds: a job, or a victim unit standing for part of one."""
+
+    @property
+    def queue(self) -> str: ...
+
+    @property
+    def job(self) -> JobState: ...
+
+    def order_key(self) -> tuple[int, int, float, str]: ...
+
+    def taken_amount(self) -> tuple[float, float, float]: ...
+
+
+class JobQueue(Generic[E]):
+    """Jobs waiting in a queue tree, popped in KAI order (or its reverse for victims)."""
+
+    def __init__(self, sess: Session, items: Iterable[E], reverse: bool = False,
+                 simulation: bool = False) -> None:
+        self.sess = sess
+        self.reverse = reverse
+        self.simulation = simulation
+        self.taken: dict[str, tuple[float, float, float]] = {}
+        self.heaps: dict[str, list[tuple[object, int, E]]] = {}
+        self.seq = 0
+        for item in items:
+            key = item.order_key()
+            self.seq += 1
+            self.heaps.setdefault(item.queue, []).append(
+                (_Rev(key) if reverse else key, self.seq, item))
+        for heap in self.heaps.values():
+            heapq.heapify(heap)
+
+    def clone(self) -> JobQueue[E]:
+        """An independent copy (heap lists are copied, so the heap order is kept)."""
+        other: JobQueue[E] = JobQueue(self.sess, (), self.reverse, self.simulation)
+        other.heaps = {q: list(h) for q, h in self.heaps.items()}
+        other.seq = self.seq
+        other.taken = dict(self.taken)
+        return other
+
+    def push(self, item: E) -> None:
+        key = item.order_key()
+        entry: object = _Rev(key) if self.reverse else key
+        self.seq += 1
+        heapq.heappush(self.heaps.setdefault(item.queue, []), (entry, self.seq, item))
+
+    def __bool__(self) -> bool:
+        return any(self.heaps.values())
+
+    def _request(self, item: E) -> tuple[float, float, float]:
+        # victims are compared on what their queue holds, not on what they still want
+        if self.reverse:
+            return (0.0, 0.0, 0.0)
+        return job_request(self.sess, item.job, self.simulation)
+
+    def _best_in(self, queue: str, memo: dict[str, E | None]) -> E | None:
+        """The item that would pop next from `queue`'s subtree."""
+        if queue in memo:
+            return memo[queue]
+        q = self.sess.queues[queue]
+        result: E | None
+        if not q.children:
+            heap = self.heaps.get(queue)
+            result = heap[0][2] if heap else None
+        else:
+            result = self._pick(q.children, memo)
+        memo[queue] = result
+        return result
+
+    def _pick(self, names: Iterable[str], memo: dict[str, E | None]) -> E | None:
+        best_name: str | None = None
+        best: E | None = None
+        for name in names:
+            cand = self._best_in(name, memo)
+            if cand is None:
+                continue
+            if best is None or best_name is None:
+                best_name, best = name, cand
+                continue
+            zero = (0.0, 0.0, 0.0)
+            cmp = compare_queues(self.sess, self.sess.queues[name], self.sess.queues[best_name],
+                                 self._request(cand), self._request(best),
+                                 self.taken.get(name, zero), self.taken.get(best_name, zero))
+            if (cmp > 0) if self.reverse else (cmp < 0):
+                best_name, best = name, cand
+        return best
+
+    def pop(self) -> E | None:
+        roots = sorted(q.name for q in self.sess.queues.values() if not q.parent)
+        # items of queues missing from the tree are never popped (QueueDoesNotExist)
+        picked = self._pick(roots, {})
+        if picked is None:
+            return None
+        heap = self.heaps[picked.queue]
+        item = heapq.heappop(heap)[2]
+        if self.reverse:
+            amount = item.taken_amount()
+            for q in self.sess.queue_path(item.queue):
+                old = self.taken.get(q.name, (0.0, 0.0, 0.0))
+                self.taken[q.name] = (old[0] + amount[0], old[1] + amount[1], old[2] + amount[2])
+        return item

@@ -1,0 +1,271 @@
+"""Choosing a node (and GPU devices) for one task: predicates and scores, vectorised over nodes.
+
+Scores follow KAI's plugins (kai-spec §7): gpusharingorder +1000 when an already-shared device of
+the node fits, nodeavailability +100 when the task fits without waiting for releasing resources,
+resourcetype +10 for a CPU-only task on a CPU-only node, and nodeplacement 0..9 (binpack: fewer
+free units scores higher, normalised over all candidate nodes; spread: free/total). Ties go to the
+node that sorts first by name (nodes are indexed in name order).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import numpy.typing as npt
+
+from kai_ray.core.state import MILLI, Group, Session, Task
+
+BoolArray = npt.NDArray[np.bool_]
+
+# predicate names as KAI words them in "N node(s) didn't have enough resources: X"
+R_GPU = "didn't have enough resources: GPUs"
+R_GPU_MEM = "didn't have enough resources: GPU memory"
+R_CPU = "didn't have enough resources: CPU cores"
+R_MEM = "didn't have enough resources: memory"
+R_PODS = "pod number exceeded"
+R_UNSCHED = "were unschedulable"
+R_SELECTOR = "didn't match Pod's node affinity/selector"
+
+
+@dataclass(frozen=True, slots=True)
+class Choice:
+    node: int
+    groups: tuple[str, ...]
+    new_groups: tuple[str, ...]
+    on_idle: bool
+
+
+def _selector_mask(sess: Session, task: Task) -> BoolArray | None:
+    if not task.node_selector:
+        return None
+    cache: dict[tuple[tuple[str, str], ...], BoolArray] = sess.__dict__.setdefault(
+        "selector_masks", {})
+    mask = cache.get(task.node_selector)
+    if mask is None:
+        mask = np.array([all(labels.get(k) == v for k, v in task.node_selector)
+                         for labels in sess.node_labels], dtype=bool)
+        cache[task.node_selector] = mask
+    return mask
+
+
+def _device_order(sess: Session) -> str:
+    cfg = sess.config
+    if cfg.gpu_device_order:
+        return cfg.gpu_device_order
+    return "gpuspread" if cfg.placement.gpu == "spread" else "gpupack"
+
+
+def _shared_candidates(sess: Session, task: Task, node: int) -> tuple[list[Group], int, int]:
+    """Existing groups the task fits on (idle or releasing) and the node's idle / releasing
+    whole devices that could become new shared devices."""
+    cost = sess.device_cost(task.req, node)
+    fitting = [g for g in sess.groups[node].values()
+               if MILLI - g.used + g.releasing - cost >= 0 and g.releasing < g.used]
+    idle_whole = int(sess.cap_gpu[node] - sess.used_gpu[node])
+    rel_whole = int(sess.rel_gpu[node])
+    return fitting, idle_whole, rel_whole
+
+
+def _predicates(sess: Session, task: Task) -> tuple[list[tuple[BoolArray, str]], BoolArray]:
+    """Each predicate as (mask of nodes that pass, KAI's reason), and the fits-on-idle mask."""
+    req = task.req
+    preds: list[tuple[BoolArray, str]] = []
+    sel = _selector_mask(sess, task)
+    if sel is not None:
+        preds.append((sel, R_SELECTOR))
+    idle_ok = np.ones(len(sess.nodes), dtype=bool)
+    if req.cpu_m:
+        idle_cpu = sess.cap_cpu - sess.used_cpu
+        preds.append((idle_cpu + sess.rel_cpu >= req.cpu_m, R_CPU))
+        idle_ok &= idle_cpu >= req.cpu_m
+    if req.memory:
+        idle_mem = sess.cap_mem - sess.used_mem
+        preds.append((idle_mem + sess.rel_mem >= req.memory, R_MEM))
+        idle_ok &= idle_mem >= req.memory
+    if req.gpus:
+        idle_gpu = sess.cap_gpu - sess.used_gpu
+        preds.append((idle_gpu + sess.rel_gpu >= req.gpus, R_GPU))
+        idle_ok &= idle_gpu >= req.gpus
+    preds.append((sess.used_pods < sess.max_pods, R_PODS))
+    if req.is_shared:
+        if req.gpu_memory_mib:
+            preds.append((sess.gpu_mem_synced & (sess.gpu_mem >= req.gpu_memory_mib), R_GPU_MEM))
+        cost = _cost_vector(sess, task)[:, None]
+        live = sess.dev_on & (sess.dev_rel < sess.dev_used)  # not entirely releasing
+        fit_groups = (live & (MILLI - sess.dev_used + sess.dev_rel - cost >= 0)).sum(axis=1)
+        idle_groups = (live & (MILLI - sess.dev_used - cost >= 0)).sum(axis=1)
+        # a new shared device also needs a slot for its reservation pod
+        new_ok = sess.used_pods + 2 <= sess.max_pods
+        idle_whole = np.where(new_ok, sess.cap_gpu - sess.used_gpu, 0)
+        rel_whole = np.where(new_ok, sess.rel_gpu, 0)
+        preds.append((fit_groups + idle_whole + rel_whole >= req.fraction_devices, R_GPU))
+        idle_ok &= idle_groups + idle_whole >= req.fraction_devices
+    return preds, idle_ok
+
+
+def feasible(sess: Session, task: Task, explain: bool = False
+             ) -> tuple[BoolArray, BoolArray, dict[str, int]]:
+    """(fits with releasing, fits on idle, failed-predicate histogram) over all nodes. The
+    histogram (first failing predicate per node) is only built when `explain` is set."""
+    preds, idle_ok = _predicates(sess, task)
+    ok = sess.schedulable.copy()
+    reasons: dict[str, int] = {}
+    if explain:
+        reasons[R_UNSCHED] = int((~ok).sum())
+    for mask, reason in preds:
+        if explain:
+            failed = int((ok & ~mask).sum())
+            if failed:
+                reasons[reason] = reasons.get(reason, 0) + failed
+        ok &= mask
+    return ok, ok & idle_ok, {k: v for k, v in reasons.items() if v}
+
+
+def fits_node(sess: Session, task: Task, node: int) -> tuple[bool, bool]:
+    """(fits, fits on idle) on one node, without touching the others (scalar fast path)."""
+    req = task.req
+    if not sess.schedulable[node] or sess.used_pods[node] >= sess.max_pods[node]:
+        return False, False
+    sel = _selector_mask(sess, task)
+    if sel is not None and not sel[node]:
+        return False, False
+    idle_cpu = int(sess.cap_cpu[node] - sess.used_cpu[node])
+    idle_mem = int(sess.cap_mem[node] - sess.used_mem[node])
+    if idle_cpu + int(sess.rel_cpu[node]) < req.cpu_m:
+        return False, False
+    if idle_mem + int(sess.rel_mem[node]) < req.memory:
+        return False, False
+    idle = idle_cpu >= req.cpu_m and idle_mem >= req.memory
+    idle_gpu = int(sess.cap_gpu[node] - sess.used_gpu[node])
+    if req.gpus:
+        if idle_gpu + int(sess.rel_gpu[node]) < req.gpus:
+            return False, False
+        return True, idle and idle_gpu >= req.gpus
+    if req.is_shared:
+        if req.gpu_memory_mib and not (sess.gpu_mem_synced[node]
+                                       and sess.gpu_mem[node] >= req.gpu_memory_mib):
+            return False, False
+        fitting, idle_whole, rel_whole = _shared_candidates(sess, task, node)
+        if sess.used_pods[node] + 2 > sess.max_pods[node]:
+            idle_whole = rel_whole = 0
+        if len(fitting) + idle_whole + rel_whole < req.fraction_devices:
+            return False, False
+        cost = sess.device_cost(req, node)
+        idle_groups = sum(1 for g in fitting if MILLI - g.used - cost >= 0)
+        return True, idle and idle_groups + idle_whole >= req.fraction_devices
+    return True, idle
+
+
+def sharing_bonus_on(sess: Session, task: Task, node: int) -> bool:
+    if sess.config.placement.gpu == "spread" or task.req.gpus:
+        return False
+    cost = sess.device_cost(task.req, node) if task.req.is_shared else 0
+    return any(g.used < MILLI and MILLI - g.used + g.releasing - cost >= 0
+               for g in sess.groups[node].values())
+
+
+def sticky_allowed(sess: Session, task: Task) -> bool:
+    """Whether the binpack fast path applies: the node that won for an identical task stays
+    the best while it still fits on idle resources (its free amount only shrank)."""
+    cfg = sess.config.placement
+    return (cfg.gpu if task.req.wants_gpu else cfg.cpu) != "spread"
+
+
+def scores(sess: Session, task: Task, fits: BoolArray, fits_idle: BoolArray
+           ) -> npt.NDArray[np.float64]:
+    req = task.req
+    cfg = sess.config.placement
+    if req.wants_gpu:
+        free = sess.free_gpu().astype(np.float64)
+        total = sess.cap_gpu.astype(np.float64)
+        strategy = cfg.gpu
+    else:
+        free = sess.free_cpu().astype(np.float64)
+        total = sess.cap_cpu.astype(np.float64)
+        strategy = cfg.cpu
+    has = total > 0
+    if strategy == "spread":
+        base = np.where(has, free / np.where(has, total, 1.0), 0.0)
+    else:
+        cand = sess.schedulable & has
+        if cand.any():
+            lo, hi = free[cand].min(), free[cand].max()
+            base = np.full(len(free), 9.0) if hi == lo else 9.0 * (1.0 - (free - lo) / (hi - lo))
+        else:
+            base = np.zeros(len(free))
+        base = np.where(has, base, 0.0)
+    score = base + np.where(fits_idle, 100.0, 0.0)
+    if not req.wants_gpu:
+        score += np.where(sess.cap_gpu == 0, 10.0, 0.0)
+    if cfg.gpu != "spread" and not req.gpus:
+        score += 1000.0 * _sharing_bonus(sess, task, fits)
+    return score
+
+
+def _cost_vector(sess: Session, task: Task) -> npt.NDArray[np.int64]:
+    """Milli of a device the task takes on each node (gpu-memory depends on the node)."""
+    req = task.req
+    if req.gpu_fraction_milli:
+        return np.full(len(sess.nodes), req.gpu_fraction_milli, dtype=np.int64)
+    if req.gpu_memory_mib:
+        return -((-req.gpu_memory_mib * MILLI) // sess.gpu_mem)
+    return np.zeros(len(sess.nodes), dtype=np.int64)
+
+
+def _sharing_bonus(sess: Session, task: Task, fits: BoolArray) -> npt.NDArray[np.float64]:
+    """1 where a partly used shared device of the node fits the task (gpusharingorder)."""
+    cost = _cost_vector(sess, task)[:, None]
+    partly = sess.dev_on & (sess.dev_used < MILLI) & (MILLI - sess.dev_used + sess.dev_rel - cost
+                                                       >= 0)
+    return (partly.any(axis=1) & fits).astype(np.float64)
+
+
+def choose_devices(sess: Session, task: Task, node: int) -> tuple[tuple[str, ...],
+                                                                   tuple[str, ...], bool]:
+    """Shared devices for a fractional task on `node`: (groups, new groups, all on idle)."""
+    req = task.req
+    cost = sess.device_cost(req, node)
+    fitting, idle_whole, rel_whole = _shared_candidates(sess, task, node)
+    pack = _device_order(sess) != "gpuspread"
+    cands: list[tuple[float, int, str | None, bool]] = []
+    for order, g in enumerate(sorted(fitting, key=lambda g: g.gid)):
+        used = g.used / MILLI
+        score = used if pack else 1.0 - used
+        cands.append((score, order, g.gid, MILLI - g.used - cost >= 0))
+    base = len(cands)
+    for i in range(idle_whole + rel_whole):
+        cands.append((0.0 if pack else 1.0, base + i, None, i < idle_whole))
+    cands.sort(key=lambda c: (-c[0], c[1]))
+    chosen = cands[: req.fraction_devices]
+    groups: list[str] = []
+    new: list[str] = []
+    on_idle = True
+    for _, _, gid, idle in chosen:
+        on_idle = on_idle and idle
+        if gid is None:
+            gid = sess.new_group_id(node)
+            new.append(gid)
+        groups.append(gid)
+    return tuple(groups), tuple(new), on_idle
+
+
+def choose(sess: Session, task: Task) -> tuple[Choice | None, dict[str, int]]:
+    """Best node for `task`, or None with the failed-predicate histogram. A virtually evicted
+    victim is placed like any task; if that lands it where it was, the session un-evicts it."""
+    fits, fits_idle, _ = feasible(sess, task)
+    if not fits.any():
+        return None, feasible(sess, task, explain=True)[2]
+    if fits.sum() == 1:
+        node = int(np.flatnonzero(fits)[0])
+    else:
+        score = scores(sess, task, fits, fits_idle)
+        node = int(np.argmax(np.where(fits, score, -np.inf)))
+    return place_on(sess, task, node, bool(fits_idle[node])), {}
+
+
+def place_on(sess: Session, task: Task, node: int, on_idle: bool) -> Choice:
+    if task.req.is_shared:
+        groups, new, devices_idle = choose_devices(sess, task, node)
+        return Choice(node, groups, new, devices_idle and on_idle)
+    return Choice(node, (), (), on_idle)

@@ -1,0 +1,102 @@
+"""What one scheduling cycle decided, and why: the core's only output."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, slots=True)
+class Bind:
+    """Allocate a pending pod: the binder writes the Binding (and GPU-sharing state)."""
+
+    job: str
+    namespace: str
+    pod: str
+    node: str
+    gpu_groups: tuple[str, ...] = ()
+    new_gpu_groups: tuple[str, ...] = ()
+    gpu_portion: float = 0.0  # per device, for fractional pods (GPU_PORTION)
+    gpu_memory_mib: int = 0  # per device, for gpu-memory pods
+    action: str = "allocate"
+
+
+@dataclass(frozen=True, slots=True)
+class Pipeline:
+    """Placed on resources still being released: nothing is written but an event."""
+
+    job: str
+    namespace: str
+    pod: str
+    node: str
+    action: str
+
+
+@dataclass(frozen=True, slots=True)
+class Evict:
+    job: str
+    namespace: str
+    pod: str
+    node: str | None
+    action: str
+    message: str
+    preemptor: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NodeFitSummary:
+    """How many nodes failed each predicate for one task (the 'no node fits' histogram)."""
+
+    reasons: tuple[tuple[str, int], ...]
+
+    def message(self) -> str:
+        parts = [f"{count} node(s) {reason}" for reason, count in self.reasons]
+        return "no nodes with enough resources were found: " + ", ".join(parts) + "."
+
+
+@dataclass(frozen=True, slots=True)
+class JobStatus:
+    """Why a job (PodGroup) with pending pods did not get everything it asked for."""
+
+    job: str
+    namespace: str
+    reason: str  # OverLimit | NonPreemptibleOverQuota | QueueDoesNotExist | Unschedulable | ...
+    message: str
+    pending_pods: tuple[str, ...] = ()
+    fit: NodeFitSummary | None = None
+    details: tuple[tuple[str, str], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class QueueShare:
+    """Per-resource numbers of one queue as (CPU millicores, memory bytes, GPUs)."""
+
+    name: str
+    parent: str | None
+    deserved: tuple[float, float, float]
+    limit: tuple[float, float, float]
+    fair_share: tuple[float, float, float]
+    allocated: tuple[float, float, float]
+    allocated_non_preemptible: tuple[float, float, float]
+    requested: tuple[float, float, float]
+
+
+@dataclass(frozen=True, slots=True)
+class PodOutcome:
+    status: str
+    node: str | None
+    gpu_groups: tuple[str, ...]
+
+
+@dataclass
+class CycleResult:
+    binds: list[Bind] = field(default_factory=list)
+    pipelined: list[Pipeline] = field(default_factory=list)
+    evictions: list[Evict] = field(default_factory=list)
+    job_status: dict[str, JobStatus] = field(default_factory=dict)
+    # PodGroup stale timestamps to write (job -> time) and to clear
+    stale_set: dict[str, float] = field(default_factory=dict)
+    stale_cleared: list[str] = field(default_factory=list)
+    queues: dict[str, QueueShare] = field(default_factory=dict)
+    # final state of every pod in the session (for simulators and explanations)
+    pods: dict[str, PodOutcome] = field(default_factory=dict)
+    action_seconds: dict[str, float] = field(default_factory=dict)

@@ -1,0 +1,629 @@
+"""The mutable session: nodes as numpy arrays, tasks, jobs, queue accounting, and an undo log.
+
+Every virtual decision (allocate, pipeline, evict) goes through `Session` and is recorded, so a
+gang that does not fit is rolled back to a checkpoint without a trace (KAI's Statement).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import numpy as np
+import numpy.typing as npt
+
+from kai_ray.core.model import (
+    ACTIVE_ALLOCATED,
+    ACTIVE_USED,
+    ALIVE,
+    MIN_NODE_GPU_MEMORY_MIB,
+    QUEUE_ALLOCATED,
+    Job,
+    Pod,
+    PodStatus,
+    Request,
+    SchedulerConfig,
+    Snapshot,
+)
+
+IntArray = npt.NDArray[np.int64]
+FloatArray = npt.NDArray[np.float64]
+CPU, MEM, GPU = 0, 1, 2
+MILLI = 1000
+
+
+class Task:
+    """One pod inside the session."""
+
+    __slots__ = ("accepted_gpu", "created", "gpu_mem_cost", "groups", "idx", "is_head", "job",
+                 "moved", "name", "namespace", "node", "node_selector", "orig_groups",
+                 "orig_node", "orig_status", "origin", "req", "status", "subgroup",
+                 "task_priority")
+
+    def __init__(self, idx: int, job: JobState, pod: Pod, node: int) -> None:
+        self.idx = idx
+        self.job = job
+        self.name = pod.name
+        self.namespace = pod.namespace
+        self.req: Request = pod.request
+        self.status: PodStatus = pod.status
+        self.node = node
+        self.groups: tuple[str, ...] = pod.gpu_groups
+        self.orig_status = pod.status
+        self.orig_node = node
+        self.orig_groups = pod.gpu_groups
+        self.task_priority = pod.task_priority
+        self.created = pod.created
+        self.is_head = pod.is_ray_head
+        self.subgroup = pod.subgroup or "default"
+        self.node_selector = pod.node_selector
+        # per-device cost in milli of the device, and the GPU amount charged to the queue;
+        # both depend on the node's GPU memory for gpu-memory pods, so set on placement
+        self.gpu_mem_cost = 0
+        self.accepted_gpu = 0.0
+        # a victim re-placed on another node: the releasing original keeps its footprint and
+        # a copy (`moved`) holds the new placement; the copy points back through `origin`
+        self.moved: Task | None = None
+        self.origin: Task | None = None
+
+    def __repr__(self) -> str:
+        return f"Task({self.name}, {self.status.value}, node={self.node})"
+
+    def sort_key(self) -> tuple[int, int, int, float, str]:
+        """KAI's task order: ray head first, task-priority (higher first), older, name."""
+        has_prio = self.task_priority is not None
+        return (0 if self.is_head else 1, 0 if has_prio else 1,
+                -(self.task_priority or 0), self.created, self.name)
+
+
+@dataclass
+class PodSet:
+    name: str
+    min_member: int
+    tasks: list[Task] = field(default_factory=list)
+
+    def active_count(self) -> int:
+        return sum(1 for t in self.tasks if t.status in ACTIVE_ALLOCATED)
+
+
+class JobState:
+    __slots__ = (
+        "created",
+        "last_start",
+        "name",
+        "namespace",
+        "podsets",
+        "preemptible",
+        "priority",
+        "queue",
+        "source",
+        "stale_since",
+        "tasks",
+        "uses_subgroups",
+    )
+
+    def __init__(self, job: Job) -> None:
+        self.source = job
+        self.name = job.name
+        self.namespace = job.namespace
+        self.queue = job.queue
+        self.priority = job.priority
+        self.preemptible = job.is_preemptible
+        self.created = job.created
+        self.stale_since = job.stale_since
+        self.last_start = job.last_start
+        self.tasks: list[Task] = []
+        self.uses_subgroups = bool(job.subgroups)
+        if job.subgroups:
+            self.podsets = {sg.name: PodSet(sg.name, max(sg.min_member, 1)) for sg in job.subgroups}
+        else:
+            self.podsets = {"default": PodSet("default", max(job.min_member, 1))}
+
+    def __repr__(self) -> str:
+        return f"JobState({self.name})"
+
+    def ordered_podsets(self) -> list[PodSet]:
+        return sorted(self.podsets.values(), key=lambda ps: ps.name)
+
+    def pending_tasks(self) -> list[Task]:
+        return [t for t in self.tasks if t.status == PodStatus.PENDING]
+
+    def active_count(self) -> int:
+        return sum(1 for t in self.tasks if t.status in ACTIVE_ALLOCATED)
+
+    def elastic_rank(self) -> int:
+        """0 below min in some podset, 1 exactly at min, 2 above min (KAI's elastic job order)."""
+        at_min = True
+        for ps in self.podsets.values():
+            active = ps.active_count()
+            if active < ps.min_member:
+                return 0
+            if active > ps.min_member:
+                at_min = False
+        return 1 if at_min else 2
+
+    @property
+    def job(self) -> JobState:
+        return self
+
+    def order_key(self) -> tuple[int, int, float, str]:
+        return (-self.priority, self.elastic_rank(), self.created, self.name)
+
+    def taken_amount(self) -> tuple[float, float, float]:
+        return (0.0, 0.0, 0.0)
+
+    def is_ready(self) -> bool:
+        for ps in self.podsets.values():
+            alive = sum(1 for t in ps.tasks if t.status in ALIVE and t.status != PodStatus.GATED)
+            if alive < ps.min_member:
+                return False
+        return True
+
+    def gang_satisfied(self) -> bool:
+        return all(ps.active_count() >= ps.min_member for ps in self.podsets.values())
+
+    def tasks_to_allocate(self, simulation: bool = False) -> list[Task]:
+        """KAI's tasks-to-allocate: the missing minimum of every podset below its minimum, or,
+        once every podset is satisfied, one more pending task from the least-satisfied podset.
+        In a simulation, tasks evicted in this session may be placed again."""
+
+        def allocatable(t: Task) -> bool:
+            if t.status == PodStatus.PENDING:
+                return True
+            return (simulation and t.status == PodStatus.RELEASING and t.moved is None
+                    and t.orig_status != PodStatus.RELEASING)
+
+        below = [ps for ps in self.ordered_podsets() if ps.active_count() < ps.min_member]
+        if below:
+            out: list[Task] = []
+            for ps in below:
+                pending = sorted((t for t in ps.tasks if allocatable(t)), key=Task.sort_key)
+                out.extend(pending[: ps.min_member - ps.active_count()])
+            return out
+        candidates = [ps for ps in self.ordered_podsets() if any(allocatable(t) for t in ps.tasks)]
+        if not candidates:
+            return []
+        best = min(candidates, key=lambda ps: (ps.active_count() / ps.min_member, ps.name))
+        pending = sorted((t for t in best.tasks if allocatable(t)), key=Task.sort_key)
+        return pending[:1]
+
+
+@dataclass
+class QueueState:
+    name: str
+    parent: str | None
+    priority: int
+    created: float
+    deserved: list[float]
+    limit: list[float]
+    weight: list[float]
+    fair_share: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
+    allocated: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
+    allocated_np: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
+    request: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
+    children: list[str] = field(default_factory=list)
+    preempt_min_runtime: float | None = None
+    reclaim_min_runtime: float | None = None
+
+    def allocatable(self, r: int) -> float:
+        if self.deserved[r] == -1:
+            return self.limit[r]
+        value = max(self.deserved[r], self.fair_share[r])
+        if self.limit[r] != -1:
+            value = min(self.limit[r], value)
+        return value
+
+
+@dataclass
+class JobError:
+    """Why a job's last attempt failed (becomes the PodGroup/pod condition)."""
+
+    reason: str
+    message: str
+    fit: dict[str, int] | None = None
+
+
+@dataclass
+class EvictInfo:
+    action: str
+    preemptor: str | None
+    # built only for the evictions that are kept: most are simulated and rolled back
+    describe: Callable[[], str]
+
+    @property
+    def message(self) -> str:
+        return self.describe()
+
+
+@dataclass
+class Group:
+    """A shared GPU device (KAI GPU group): usage in milli of the device."""
+
+    gid: str
+    used: int = 0  # all active sharers, releasing ones included
+    releasing: int = 0
+    tasks: set[int] = field(default_factory=set)
+
+
+def leq(a: Iterable[float], b: Iterable[float]) -> bool:
+    """KAI's LessEqual over resources, where -1 is infinite."""
+    for x, y in zip(a, b, strict=True):
+        if x == -1:
+            if y != -1:
+                return False
+            continue
+        if y == -1:
+            continue
+        if x > y + 1e-9:
+            return False
+    return True
+
+
+class Session:
+    """Cluster, jobs and queues for one cycle, with checkpoint/rollback."""
+
+    def __init__(self, snapshot: Snapshot, config: SchedulerConfig, now: float) -> None:
+        self.config = config
+        self.now = now
+        nodes = sorted((n for n in snapshot.nodes), key=lambda n: n.name)
+        self.nodes = nodes
+        self.node_index = {n.name: i for i, n in enumerate(nodes)}
+        count = len(nodes)
+        ready = np.array([n.ready and not n.unschedulable for n in nodes], dtype=bool)
+        self.schedulable = ready
+        self.cap_cpu = np.array([n.cpu_m - n.foreign_cpu_m for n in nodes], dtype=np.int64)
+        self.cap_mem = np.array([n.memory - n.foreign_memory for n in nodes], dtype=np.int64)
+        self.cap_gpu = np.array([n.gpus - n.foreign_gpus for n in nodes], dtype=np.int64)
+        self.max_pods = np.array([n.max_pods - n.foreign_pods for n in nodes], dtype=np.int64)
+        self.gpu_mem = np.array([max(n.gpu_memory_mib, 1) for n in nodes], dtype=np.int64)
+        self.gpu_mem_synced = np.array([n.gpu_memory_synced for n in nodes], dtype=bool)
+        self.node_labels = [dict(n.labels) for n in nodes]
+        # usage: "used" includes releasing pods; "rel" is the releasing part
+        self.used_cpu = np.zeros(count, dtype=np.int64)
+        self.rel_cpu = np.zeros(count, dtype=np.int64)
+        self.used_mem = np.zeros(count, dtype=np.int64)
+        self.rel_mem = np.zeros(count, dtype=np.int64)
+        self.used_pods = np.zeros(count, dtype=np.int64)
+        self.whole_used = np.zeros(count, dtype=np.int64)  # whole-GPU pods' devices
+        self.whole_rel = np.zeros(count, dtype=np.int64)
+        self.used_gpu = np.zeros(count, dtype=np.int64)  # whole + one per shared group
+        self.rel_gpu = np.zeros(count, dtype=np.int64)
+        self.groups: list[dict[str, Group]] = [{} for _ in range(count)]
+        # shared devices as arrays (node x slot), mirrored from `groups` for vectorised fits
+        width = max(1, int(self.cap_gpu.max()) if count else 1)
+        self.dev_used = np.zeros((count, width), dtype=np.int64)
+        self.dev_rel = np.zeros((count, width), dtype=np.int64)
+        self.dev_on = np.zeros((count, width), dtype=bool)
+        self.group_seq = 0
+        self.undo: list[tuple[object, ...]] = []
+        self.job_errors: dict[str, JobError] = {}
+        self.evict_info: dict[int, EvictInfo] = {}
+
+        self.jobs: dict[str, JobState] = {}
+        self.tasks: list[Task] = []
+        for job in snapshot.jobs:
+            js = JobState(job)
+            self.jobs[job.name] = js
+            for pod in job.pods:
+                node = self.node_index.get(pod.node, -1) if pod.node else -1
+                task = Task(len(self.tasks), js, pod, node)
+                self.tasks.append(task)
+                js.tasks.append(task)
+                podset = js.podsets.get(task.subgroup)
+                if podset is None:
+                    # KAI drops a pod whose subgroup is not a leaf of its PodGroup
+                    if js.uses_subgroups:
+                        continue
+                    podset = js.podsets["default"]
+                podset.tasks.append(task)
+        self.known_groups = {g for t in self.tasks for g in t.groups}
+        self._build_queues(snapshot)
+        self._load_usage()
+
+    # ------------------------------------------------------------------ setup
+    def _build_queues(self, snapshot: Snapshot) -> None:
+        self.queues: dict[str, QueueState] = {}
+        for q in snapshot.queues:
+            mem_q = max(-1.0, q.memory.quota * 1e6) if q.memory.quota != -1 else -1.0
+            mem_l = max(-1.0, q.memory.limit * 1e6) if q.memory.limit != -1 else -1.0
+            self.queues[q.name] = QueueState(
+                name=q.name, parent=q.parent, priority=q.priority, created=q.created,
+                deserved=[q.cpu.quota, mem_q, q.gpu.quota],
+                limit=[q.cpu.limit, mem_l, q.gpu.limit],
+                weight=[q.cpu.weight, q.memory.weight, q.gpu.weight],
+                preempt_min_runtime=q.preempt_min_runtime_s,
+                reclaim_min_runtime=q.reclaim_min_runtime_s,
+            )
+        # orphans (parent missing) are removed with all their descendants
+        changed = True
+        while changed:
+            changed = False
+            for name in list(self.queues):
+                parent = self.queues[name].parent
+                if parent and parent not in self.queues:
+                    del self.queues[name]
+                    changed = True
+        for qs in self.queues.values():
+            if qs.parent:
+                self.queues[qs.parent].children.append(qs.name)
+        for qs in self.queues.values():
+            qs.children.sort(key=lambda c: (self.queues[c].created, c))
+
+    def is_leaf(self, queue: str) -> bool:
+        q = self.queues.get(queue)
+        return q is not None and not q.children
+
+    def queue_path(self, queue: str) -> list[QueueState]:
+        """Leaf first, root last."""
+        path = []
+        q = self.queues.get(queue)
+        while q is not None:
+            path.append(q)
+            q = self.queues.get(q.parent) if q.parent else None
+        return path
+
+    def _load_usage(self) -> None:
+        for task in self.tasks:
+            if task.status in ACTIVE_USED and task.node >= 0:
+                self._place_resources(task, task.node, task.groups, existing=True)
+                if task.status == PodStatus.RELEASING:
+                    self._mark_releasing(task, +1)
+        self.total = [float(self.cap_cpu[self.schedulable].sum()),
+                      float(self.cap_mem[self.schedulable].sum()),
+                      float(self.cap_gpu[self.schedulable].sum())]
+        for task in self.tasks:
+            job = task.job
+            if job.queue not in self.queues:
+                continue
+            if task.status in QUEUE_ALLOCATED:
+                amount = self.task_queue_amount(task)
+                for q in self.queue_path(job.queue):
+                    for r in range(3):
+                        q.allocated[r] += amount[r]
+                        q.request[r] += amount[r]
+                        if not job.preemptible:
+                            q.allocated_np[r] += amount[r]
+            elif task.status == PodStatus.PENDING:
+                amount = self.pending_queue_amount(task.req)
+                for q in self.queue_path(job.queue):
+                    for r in range(3):
+                        q.request[r] += amount[r]
+
+    # ------------------------------------------------------------------ amounts
+    def device_cost(self, req: Request, node: int) -> int:
+        """Milli of one device a shared request takes on this node."""
+        if req.gpu_fraction_milli:
+            return req.gpu_fraction_milli
+        return math.ceil(req.gpu_memory_mib * MILLI / int(self.gpu_mem[node]))
+
+    def portion(self, req: Request, node: int) -> float:
+        """GPU portion recorded for a shared pod on this node (gpu-memory rounds up to 1/100)."""
+        if req.gpu_fraction_milli:
+            return req.gpu_fraction_milli / MILLI
+        return math.ceil(req.gpu_memory_mib / int(self.gpu_mem[node]) * 100) / 100
+
+    def task_queue_amount(self, task: Task) -> tuple[float, float, float]:
+        req = task.req
+        if req.gpus:
+            gpu = float(req.gpus)
+        elif req.is_shared and task.node >= 0:
+            gpu = self.portion(req, task.node) * req.fraction_devices
+        else:
+            gpu = 0.0
+        return (float(req.cpu_m), float(req.memory), gpu)
+
+    @staticmethod
+    def pending_queue_amount(req: Request) -> tuple[float, float, float]:
+        if req.gpus:
+            gpu = float(req.gpus)
+        elif req.gpu_fraction_milli:
+            gpu = req.gpu_fraction_milli / MILLI * req.fraction_devices
+        elif req.gpu_memory_mib:
+            gpu = req.fraction_devices * req.gpu_memory_mib / MIN_NODE_GPU_MEMORY_MIB
+        else:
+            gpu = 0.0
+        return (float(req.cpu_m), float(req.memory), gpu)
+
+    # ------------------------------------------------------------------ node bookkeeping
+    def _refresh_gpu(self, node: int) -> None:
+        """Recount the node's GPUs and mirror its shared devices into the device arrays."""
+        groups = self.groups[node]
+        self.used_gpu[node] = self.whole_used[node] + len(groups)
+        if not groups:
+            self.rel_gpu[node] = self.whole_rel[node]
+            if self.dev_on[node].any():
+                self.dev_on[node] = False
+            return
+        self.rel_gpu[node] = self.whole_rel[node] + sum(
+            1 for g in groups.values() if g.used > 0 and g.used == g.releasing)
+        if len(groups) > self.dev_used.shape[1]:
+            self._grow_devices(len(groups))
+        self.dev_on[node] = False
+        self.dev_used[node] = 0
+        self.dev_rel[node] = 0
+        for slot, g in enumerate(groups.values()):
+            self.dev_on[node, slot] = True
+            self.dev_used[node, slot] = g.used
+            self.dev_rel[node, slot] = g.releasing
+
+    def _grow_devices(self, width: int) -> None:
+        pad = width - self.dev_used.shape[1]
+        count = self.dev_used.shape[0]
+        self.dev_used = np.hstack([self.dev_used, np.zeros((count, pad), dtype=np.int64)])
+        self.dev_rel = np.hstack([self.dev_rel, np.zeros((count, pad), dtype=np.int64)])
+        self.dev_on = np.hstack([self.dev_on, np.zeros((count, pad), dtype=bool)])
+
+    def _place_resources(self, task: Task, node: int, groups: tuple[str, ...],
+                         existing: bool = False) -> None:
+        req = task.req
+        self.used_cpu[node] += req.cpu_m
+        self.used_mem[node] += req.memory
+        self.used_pods[node] += 1
+        if req.gpus:
+            self.whole_used[node] += req.gpus
+        elif req.is_shared:
+            cost = self.device_cost(req, node)
+            task.gpu_mem_cost = cost
+            for gid in groups:
+                group = self.groups[node].get(gid)
+                if group is None:
+                    group = Group(gid)
+                    self.groups[node][gid] = group
+                group.used += cost
+                group.tasks.add(task.idx)
+        task.node = node
+        task.groups = groups
+        task.accepted_gpu = self.task_queue_amount(task)[GPU]
+        if req.wants_gpu:
+            self._refresh_gpu(node)
+
+    def _remove_resources(self, task: Task) -> None:
+        node, req = task.node, task.req
+        self.used_cpu[node] -= req.cpu_m
+        self.used_mem[node] -= req.memory
+        self.used_pods[node] -= 1
+        if req.gpus:
+            self.whole_used[node] -= req.gpus
+        elif req.is_shared:
+            for gid in task.groups:
+                group = self.groups[node][gid]
+                group.used -= task.gpu_mem_cost
+                group.tasks.discard(task.idx)
+                if not group.tasks:
+                    del self.groups[node][gid]
+        if req.wants_gpu:
+            self._refresh_gpu(node)
+        task.node = -1
+        task.groups = ()
+
+    def _mark_releasing(self, task: Task, sign: int) -> None:
+        node, req = task.node, task.req
+        self.rel_cpu[node] += sign * req.cpu_m
+        self.rel_mem[node] += sign * req.memory
+        if req.gpus:
+            self.whole_rel[node] += sign * req.gpus
+        elif req.is_shared:
+            for gid in task.groups:
+                self.groups[node][gid].releasing += sign * task.gpu_mem_cost
+        if req.wants_gpu:
+            self._refresh_gpu(node)
+
+    def _queue_add(self, task: Task, sign: int) -> None:
+        if task.job.queue not in self.queues:
+            return
+        amount = self.task_queue_amount(task)
+        np_job = not task.job.preemptible
+        for q in self.queue_path(task.job.queue):
+            for r in range(3):
+                q.allocated[r] += sign * amount[r]
+                if np_job:
+                    q.allocated_np[r] += sign * amount[r]
+
+    def new_group_id(self, node: int) -> str:
+        """A shared-device id no pod in the snapshot uses (deterministic, unlike KAI's UUIDs)."""
+        while True:
+            self.group_seq += 1
+            gid = f"{self.nodes[node].name}-gpu-{self.group_seq}"
+            if gid not in self.known_groups:
+                self.known_groups.add(gid)
+                return gid
+
+    # ------------------------------------------------------------------ virtual decisions
+    def checkpoint(self) -> int:
+        return len(self.undo)
+
+    def allocate(self, task: Task, node: int, groups: tuple[str, ...], pipelined: bool) -> None:
+        """Place a pending (or virtually evicted) task."""
+        if task.status == PodStatus.RELEASING and task.node == node and task.groups == groups:
+            # a victim that goes back where it was is simply not evicted
+            self.unevict(task)
+            return
+        if task.status == PodStatus.RELEASING:
+            self._move(task, node, groups)
+            return
+        prev = (task.status, task.node, task.groups)
+        self._place_resources(task, node, groups)
+        task.status = PodStatus.PIPELINED if pipelined else PodStatus.ALLOCATED
+        self._queue_add(task, +1)
+        self.undo.append(("alloc", task, prev))
+
+    def _move(self, task: Task, node: int, groups: tuple[str, ...]) -> None:
+        pod = Pod(name=task.name, request=task.req, namespace=task.namespace,
+                  task_priority=task.task_priority, created=task.created, is_ray_head=task.is_head,
+                  subgroup=task.subgroup, node_selector=task.node_selector)
+        copy = Task(len(self.tasks), task.job, pod, -1)
+        copy.origin = task
+        self.tasks.append(copy)
+        task.job.tasks.append(copy)
+        podset = task.job.podsets.get(task.subgroup) or task.job.podsets["default"]
+        podset.tasks.append(copy)
+        task.moved = copy
+        self._place_resources(copy, node, groups)
+        copy.status = PodStatus.PIPELINED
+        self._queue_add(copy, +1)
+        self.undo.append(("move", task, copy))
+
+    def set_status(self, task: Task, status: PodStatus) -> None:
+        """Switch between Allocated and Pipelined (same resources, same queue charge)."""
+        self.undo.append(("status", task, task.status))
+        task.status = status
+
+    def evict(self, task: Task) -> None:
+        prev = task.status
+        self._queue_add(task, -1)
+        task.status = PodStatus.RELEASING
+        self._mark_releasing(task, +1)
+        self.undo.append(("evict", task, prev))
+
+    def unevict(self, task: Task) -> None:
+        entry = next(e for e in reversed(self.undo) if e[0] == "evict" and e[1] is task)
+        prev_status = entry[2]
+        assert isinstance(prev_status, PodStatus)
+        self._mark_releasing(task, -1)
+        task.status = prev_status
+        self._queue_add(task, +1)
+        self.undo.append(("unevict", task, prev_status))
+
+    def rollback(self, checkpoint: int) -> None:
+        while len(self.undo) > checkpoint:
+            op, task, prev = self.undo.pop()
+            assert isinstance(task, Task)
+            if op == "alloc":
+                assert isinstance(prev, tuple)
+                self._queue_add(task, -1)
+                self._remove_resources(task)
+                task.status, task.node, task.groups = prev
+            elif op == "evict":
+                assert isinstance(prev, PodStatus)
+                self._mark_releasing(task, -1)
+                task.status = prev
+                self._queue_add(task, +1)
+            elif op == "status":
+                assert isinstance(prev, PodStatus)
+                task.status = prev
+            elif op == "move":
+                assert isinstance(prev, Task)
+                copy = prev
+                self._queue_add(copy, -1)
+                self._remove_resources(copy)
+                task.moved = None
+                copy.job.tasks.remove(copy)
+                for ps in copy.job.podsets.values():
+                    if copy in ps.tasks:
+                        ps.tasks.remove(copy)
+                self.tasks.pop()
+            elif op == "unevict":
+                self._queue_add(task, -1)
+                task.status = PodStatus.RELEASING
+                self._mark_releasing(task, +1)
+
+    # ------------------------------------------------------------------ queries
+    def free_cpu(self) -> IntArray:
+        return self.cap_cpu - self.used_cpu + self.rel_cpu
+
+    def idle_gpu(self) -> IntArray:
+        return self.cap_gpu - self.used_gpu
+
+    def free_gpu(self) -> IntArray:
+        return self.cap_gpu - self.used_gpu + self.rel_gpu

@@ -1,0 +1,57 @@
+"""Settings and well-known keys shared by the grouper and the admission rules.
+
+``GroupingConfig`` holds what KAI makes configurable (scheduler name, queue label key, default
+queue, node-pool label key, GPU sharing on/off) plus kai-ray's extensions (the legacy
+``runai/queue`` key read as well, the namespace's queue label, the admission queue check).
+Defaults match KAI's, except where noted on the field.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Labels and annotations (KAI's names).
+QUEUE_LABEL = "kai.scheduler/queue"
+LEGACY_QUEUE_LABEL = "runai/queue"
+PROJECT_LABEL = "project"
+NODE_POOL_LABEL = "kai.scheduler/node-pool"
+USER_KEY = "user"
+PRIORITY_LABEL = "priorityClassName"
+RAY_PRIORITY_LABEL = "ray.io/priority-class-name"
+PREEMPTIBILITY_LABEL = "kai.scheduler/preemptibility"
+SUBGROUP_LABEL = "kai.scheduler/subgroup-name"
+POD_GROUP_ANNOTATION = "pod-group-name"
+TOP_OWNER_METADATA_ANNOTATION = "kai.scheduler/top-owner-metadata"
+TOPOLOGY_ANNOTATION = "kai.scheduler/topology"
+TOPOLOGY_REQUIRED_ANNOTATION = "kai.scheduler/topology-required-placement"
+TOPOLOGY_PREFERRED_ANNOTATION = "kai.scheduler/topology-preferred-placement"
+RAY_GROUP_LABEL = "ray.io/group"
+RAY_HEAD_GROUP = "headgroup"
+
+# Shipped PriorityClasses that serve as per-kind defaults.
+TRAIN, BUILD, INFERENCE = "train", "build", "inference"
+PREEMPTIBILITIES = ("preemptible", "non-preemptible")
+
+PODGROUP_API_VERSION = "scheduling.run.ai/v2alpha2"
+
+
+@dataclass(frozen=True)
+class GroupingConfig:
+    scheduler_name: str = "kai-scheduler"
+    queue_label_key: str = QUEUE_LABEL
+    # Read after queue_label_key on each object; None turns it off (KAI reads only one key).
+    legacy_queue_label_key: str | None = LEGACY_QUEUE_LABEL
+    default_queue: str = "default-queue"
+    node_pool_label_key: str = NODE_POOL_LABEL
+    # kai-ray extension: the namespace's queue label comes after the pod's.
+    namespace_queue: bool = True
+    # KAI's helm default is false; kai-ray ships GPU sharing on.
+    gpu_sharing_enabled: bool = True
+    # Admission: reject pods whose queue is missing or not a leaf (needs the queue set).
+    validate_queue: bool = False
+
+    def queue_keys(self) -> tuple[str, ...]:
+        """Label keys naming a queue, in the order they are read on one object."""
+        if self.legacy_queue_label_key and self.legacy_queue_label_key != self.queue_label_key:
+            return (self.queue_label_key, self.legacy_queue_label_key)
+        return (self.queue_label_key,)

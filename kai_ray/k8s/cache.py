@@ -1,0 +1,254 @@
+"""A watch cache of the objects the scheduler reads: list once, then follow the watch stream
+(re-listing only when the server says the resourceVersion is too old). No full re-list per cycle.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from kubernetes import client, watch
+from kubernetes.client.rest import ApiException
+
+from kai_ray.core.model import Node, Snapshot
+from kai_ray.k8s import convert
+
+log = logging.getLogger(__name__)
+Obj = dict[str, Any]
+ListFn = Callable[..., Any]
+
+PG_GROUP, PG_VERSION, PG_PLURAL = "scheduling.run.ai", "v2alpha2", "podgroups"
+Q_GROUP, Q_VERSION, Q_PLURAL = "scheduling.run.ai", "v2", "queues"
+
+
+def _key(obj: Obj) -> str:
+    m = obj.get("metadata") or {}
+    ns = m.get("namespace")
+    return f"{ns}/{m['name']}" if ns else m["name"]
+
+
+class Informer:
+    """One kind of object, kept current in `items` by a background thread."""
+
+    def __init__(self, name: str, list_fn: ListFn, on_change: Callable[[str, Obj], None],
+                 watch_timeout: int = 300) -> None:
+        self.name = name
+        self.list_fn = list_fn
+        self.on_change = on_change
+        self.items: dict[str, Obj] = {}
+        self.lock = threading.RLock()
+        self.synced = threading.Event()
+        self.stopping = threading.Event()
+        self.watch_timeout = watch_timeout
+        self.thread = threading.Thread(target=self._run, name=f"informer-{name}", daemon=True)
+        self._watch: watch.Watch | None = None
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def stop(self) -> None:
+        self.stopping.set()
+        if self._watch is not None:
+            self._watch.stop()
+
+    def values(self) -> list[Obj]:
+        with self.lock:
+            return list(self.items.values())
+
+    def get(self, key: str) -> Obj | None:
+        with self.lock:
+            return self.items.get(key)
+
+    def _list(self) -> str:
+        resp = self.list_fn(_preload_content=False)
+        body = json.loads(resp.data)
+        fresh = {_key(o): o for o in body.get("items") or []}
+        with self.lock:
+            gone = set(self.items) - set(fresh)
+            self.items = fresh
+        for key in gone:
+            self.on_change("DELETED", {"metadata": {"name": key.split("/")[-1]}})
+        for obj in fresh.values():
+            self.on_change("ADDED", obj)
+        self.synced.set()
+        rv: str = (body.get("metadata") or {}).get("resourceVersion", "")
+        return rv
+
+    def _run(self) -> None:
+        rv = ""
+        backoff = 0.5
+        while not self.stopping.is_set():
+            try:
+                if not rv:
+                    rv = self._list()
+                self._watch = watch.Watch()
+                for event in self._watch.stream(self.list_fn, resource_version=rv,
+                                                timeout_seconds=self.watch_timeout,
+                                                allow_watch_bookmarks=True):
+                    kind, obj = event["type"], event["raw_object"]
+                    if kind == "ERROR":
+                        if obj.get("code") == 410:
+                            rv = ""
+                        break
+                    rv = (obj.get("metadata") or {}).get("resourceVersion", rv)
+                    if kind == "BOOKMARK":
+                        continue
+                    key = _key(obj)
+                    with self.lock:
+                        if kind == "DELETED":
+                            self.items.pop(key, None)
+                        else:
+                            self.items[key] = obj
+                    self.on_change(kind, obj)
+                backoff = 0.5
+            except ApiException as e:
+                if e.status == 410:
+                    rv = ""
+                    continue
+                if self.stopping.is_set():
+                    return
+                log.warning("watch %s failed (%s); retrying in %.1fs", self.name, e.status, backoff)
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 10.0)
+            except Exception:  # connection drops: keep the cache alive, re-list
+                if self.stopping.is_set():
+                    return
+                log.exception("watch %s broke; re-listing", self.name)
+                rv = ""
+                time.sleep(backoff)
+                backoff = min(backoff * 2, 10.0)
+
+
+class ClusterCache:
+    """Nodes, pods, PodGroups, Queues and PriorityClasses, and the snapshot built from them."""
+
+    def __init__(self, api: client.ApiClient) -> None:
+        core = client.CoreV1Api(api)
+        custom = client.CustomObjectsApi(api)
+        sched = client.SchedulingV1Api(api)
+        self.changed = threading.Event()
+        # pods whose PodGroup membership must be (re)computed by the pod grouper
+        self.dirty_pods: set[str] = set()
+        self._dirty_lock = threading.Lock()
+        self.nodes = Informer("nodes", core.list_node, self._touch)
+        self.pods = Informer("pods", core.list_pod_for_all_namespaces, self._pod_changed)
+        self.podgroups = Informer(
+            "podgroups", lambda **kw: custom.list_cluster_custom_object(
+                PG_GROUP, PG_VERSION, PG_PLURAL, **kw), self._touch)
+        self.queues = Informer(
+            "queues", lambda **kw: custom.list_cluster_custom_object(
+                Q_GROUP, Q_VERSION, Q_PLURAL, **kw), self._touch)
+        self.priority_classes = Informer("priorityclasses", sched.list_priority_class, self._touch)
+        self.informers = [self.nodes, self.pods, self.podgroups, self.queues,
+                          self.priority_classes]
+
+    def _touch(self, kind: str, obj: Obj) -> None:
+        self.changed.set()
+
+    def _pod_changed(self, kind: str, obj: Obj) -> None:
+        if kind != "DELETED" and convert.is_ours(obj):
+            with self._dirty_lock:
+                self.dirty_pods.add(_key(obj))
+        self.changed.set()
+
+    def take_dirty_pods(self) -> list[str]:
+        with self._dirty_lock:
+            keys, self.dirty_pods = sorted(self.dirty_pods), set()
+        return keys
+
+    def start(self, timeout: float = 60.0) -> None:
+        for inf in self.informers:
+            inf.start()
+        deadline = time.monotonic() + timeout
+        for inf in self.informers:
+            if not inf.synced.wait(max(0.0, deadline - time.monotonic())):
+                raise TimeoutError(f"cache: {inf.name} did not sync within {timeout:.0f}s")
+
+    def stop(self) -> None:
+        for inf in self.informers:
+            inf.stop()
+
+    # -------------------------------------------------------------------------------- snapshot
+    def priority_classes_map(self) -> tuple[dict[str, int], int | None]:
+        classes: dict[str, int] = {}
+        default = None
+        for pc in self.priority_classes.values():
+            name = pc["metadata"]["name"]
+            classes[name] = int(pc.get("value", 0))
+            if pc.get("globalDefault"):
+                default = classes[name]
+        return classes, default
+
+    def snapshot(self) -> tuple[Snapshot, list[convert.Problem], dict[str, Obj]]:
+        """(snapshot, problems found while reading it, PodGroups by job name)."""
+        problems: list[convert.Problem] = []
+        pods = self.pods.values()
+        by_group: dict[tuple[str, str], list[Obj]] = {}
+        foreign: dict[str, list[int]] = {}
+        for pod in pods:
+            m = pod.get("metadata") or {}
+            spec = pod.get("spec") or {}
+            if convert.is_ours(pod):
+                group = (m.get("annotations") or {}).get(convert.POD_GROUP_ANNOTATION)
+                if group:
+                    by_group.setdefault((m.get("namespace", ""), group), []).append(pod)
+                continue
+            node = spec.get("nodeName")
+            phase = (pod.get("status") or {}).get("phase")
+            if not node or phase in ("Succeeded", "Failed"):
+                continue
+            if m.get("namespace") == convert.RESERVATION_NAMESPACE:
+                continue  # its device is counted as the shared device it reserves
+            req = convert.pod_request(pod)
+            usage = foreign.setdefault(node, [0, 0, 0, 0])
+            usage[0] += req.cpu_m
+            usage[1] += req.memory
+            usage[2] += req.gpus
+            usage[3] += 1
+        nodes: list[Node] = []
+        for obj in self.nodes.values():
+            try:
+                node = convert.node_from(obj)
+            except (ValueError, KeyError) as e:
+                problems.append(convert.Problem("Node", None, obj["metadata"]["name"],
+                                                "status.allocatable", str(e)))
+                continue
+            used = foreign.get(node.name)
+            if used:
+                node = Node(**{**_fields(node), "foreign_cpu_m": used[0],
+                               "foreign_memory": used[1], "foreign_gpus": used[2],
+                               "foreign_pods": used[3]})
+            nodes.append(node)
+        queues = []
+        for obj in self.queues.values():
+            q = convert.queue_from(obj)
+            if isinstance(q, convert.Problem):
+                problems.append(q)
+            else:
+                queues.append(q)
+        classes, default = self.priority_classes_map()
+        jobs = []
+        podgroups: dict[str, Obj] = {}
+        for pg in self.podgroups.values():
+            m = pg["metadata"]
+            members = by_group.get((m.get("namespace", ""), m["name"]), [])
+            try:
+                jobs.append(convert.job_from(pg, members, classes, default))
+                podgroups[m["name"]] = pg
+            except (ValueError, KeyError, TypeError) as e:
+                problems.append(convert.Problem("PodGroup", m.get("namespace"), m["name"],
+                                                "spec", str(e)))
+        return Snapshot(tuple(nodes), tuple(queues), tuple(jobs),
+                        tuple(classes.items())), problems, podgroups
+
+
+def _fields(node: Node) -> dict[str, Any]:
+    return {f: getattr(node, f) for f in node.__slots__}
+
+
+def objects(items: Iterable[Obj]) -> dict[str, Obj]:
+    return {_key(o): o for o in items}

@@ -1,0 +1,182 @@
+"""What users see: pod conditions and events for pending pods, PodGroup conditions and
+scheduling conditions, stale-gang annotations, Queue status and queue problems. Writes only
+when something changed."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from kai_ray.core.result import CycleResult, JobStatus, QueueShare
+from kai_ray.k8s import convert
+from kai_ray.k8s.cache import PG_GROUP, PG_PLURAL, PG_VERSION, Q_GROUP, Q_PLURAL, Q_VERSION
+from kai_ray.k8s.events import EventRecorder
+
+log = logging.getLogger(__name__)
+Obj = dict[str, Any]
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _fmt_cpu(millis: float) -> str:
+    return f"{int(millis)}m"
+
+
+def _fmt_gpu(gpus: float) -> str:
+    return f"{gpus:g}" if gpus == int(gpus) else f"{round(gpus * 1000)}m"
+
+
+def resource_list(values: tuple[float, float, float]) -> dict[str, str]:
+    """(cpu millicores, memory bytes, GPUs) as a Kubernetes ResourceList."""
+    cpu, memory, gpu = values
+    out = {"cpu": _fmt_cpu(max(cpu, 0)), "memory": str(int(max(memory, 0))),
+           convert.GPU: _fmt_gpu(max(gpu, 0))}
+    return out
+
+
+class StatusWriter:
+    def __init__(self, api: client.ApiClient, events: EventRecorder) -> None:
+        self.core = client.CoreV1Api(api)
+        self.custom = client.CustomObjectsApi(api)
+        self.events = events
+        self.queue_status: dict[str, Obj] = {}
+
+    # ------------------------------------------------------------------ pending work
+    def pending(self, result: CycleResult, podgroups: dict[str, Obj],
+                pods: dict[str, Obj]) -> None:
+        for status in result.job_status.values():
+            pg = podgroups.get(status.job)
+            for name in status.pending_pods:
+                pod = pods.get(f"{status.namespace}/{name}")
+                if pod is not None:
+                    self._pod_unschedulable(pod, status, pg)
+            if pg is not None:
+                self._podgroup_unschedulable(pg, status)
+
+    def _pod_unschedulable(self, pod: Obj, status: JobStatus, pg: Obj | None) -> None:
+        message = f"{status.reason}: {status.message}" if status.reason not in (
+            "Unschedulable",) else status.message
+        self.events.emit(pod, "Unschedulable", message, type_="Warning")
+        mark = True
+        if pg is not None:
+            mark = (pg.get("spec") or {}).get("markUnschedulable", True) is not False
+        if not mark:
+            return
+        for cond in (pod.get("status") or {}).get("conditions") or []:
+            if cond.get("type") == "PodScheduled" and cond.get("message") == message:
+                return
+        body = {"status": {"conditions": [{
+            "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+            "message": message, "lastTransitionTime": _now()}]}}
+        m = pod["metadata"]
+        try:
+            self.core.patch_namespaced_pod_status(m["name"], m["namespace"], body)
+        except ApiException as e:
+            if e.status != 404:
+                log.warning("pod %s/%s condition not written: %s", m["namespace"], m["name"],
+                            e.status)
+
+    def _podgroup_unschedulable(self, pg: Obj, status: JobStatus) -> None:
+        self.events.emit(pg, "Unschedulable", f"{status.reason}: {status.message}",
+                         kind="PodGroup", api_version=f"{PG_GROUP}/{PG_VERSION}")
+        current = (pg.get("status") or {}).get("schedulingConditions") or []
+        if current and current[-1].get("message") == status.message:
+            return
+        transition = str(int(current[-1].get("transitionID", "0")) + 1) if current else "0"
+        condition = {"type": "UnschedulableOnNodePool", "nodePool": "default",
+                     "reason": "Unschedulable", "message": status.message, "status": "True",
+                     "transitionID": transition, "lastTransitionTime": _now(),
+                     "reasons": [{"reason": status.reason, "message": status.message}]}
+        self._patch_pg_status(pg, {"schedulingConditions": [condition]})
+
+    def _patch_pg_status(self, pg: Obj, status: Obj) -> None:
+        m = pg["metadata"]
+        try:
+            self.custom.patch_namespaced_custom_object_status(
+                PG_GROUP, PG_VERSION, m["namespace"], PG_PLURAL, m["name"], {"status": status})
+        except ApiException as e:
+            if e.status != 404:
+                log.warning("PodGroup %s status not written: %s", m["name"], e.status)
+
+    def clear_scheduled(self, podgroups: Iterable[Obj], pending_jobs: set[str]) -> None:
+        """Drop the Unschedulable scheduling condition of groups that have nothing pending."""
+        for pg in podgroups:
+            if pg["metadata"]["name"] in pending_jobs:
+                continue
+            if (pg.get("status") or {}).get("schedulingConditions"):
+                self._patch_pg_status(pg, {"schedulingConditions": None})
+
+    # ------------------------------------------------------------------ annotations
+    def stale(self, result: CycleResult, podgroups: dict[str, Obj]) -> None:
+        for job, when in result.stale_set.items():
+            self._annotate(podgroups.get(job), convert.STALE_ANNOTATION,
+                           datetime.fromtimestamp(when, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
+        for job in result.stale_cleared:
+            self._annotate(podgroups.get(job), convert.STALE_ANNOTATION, None)
+        for job, ev in {e.job: e for e in result.evictions}.items():
+            pg = podgroups.get(job)
+            if pg is not None:
+                self.events.emit(pg, "Evict", ev.message, kind="PodGroup",
+                                 api_version=f"{PG_GROUP}/{PG_VERSION}")
+
+    def started(self, jobs: Iterable[str], podgroups: dict[str, Obj]) -> None:
+        for job in jobs:
+            self._annotate(podgroups.get(job), convert.LAST_START_ANNOTATION, _now())
+
+    def _annotate(self, pg: Obj | None, key: str, value: str | None) -> None:
+        if pg is None:
+            return
+        m = pg["metadata"]
+        try:
+            self.custom.patch_namespaced_custom_object(
+                PG_GROUP, PG_VERSION, m["namespace"], PG_PLURAL, m["name"],
+                {"metadata": {"annotations": {key: value}}})
+        except ApiException as e:
+            if e.status != 404:
+                log.warning("PodGroup %s annotation %s not written: %s", m["name"], key, e.status)
+
+    # ------------------------------------------------------------------ queues
+    def queues(self, shares: dict[str, QueueShare], queue_objs: Iterable[Obj],
+               problems: Iterable[convert.Problem]) -> None:
+        children: dict[str, list[str]] = {}
+        for q in shares.values():
+            if q.parent:
+                children.setdefault(q.parent, []).append(q.name)
+        bad = {p.name: p for p in problems if p.kind == "Queue"}
+        names = {o["metadata"]["name"]: o for o in queue_objs}
+        for name, obj in names.items():
+            share = shares.get(name)
+            status: Obj = {}
+            if share is not None:
+                status = {"allocated": resource_list(share.allocated),
+                          "allocatedNonPreemptible": resource_list(
+                              share.allocated_non_preemptible),
+                          "requested": resource_list(share.requested),
+                          "fairShare": resource_list(share.fair_share),
+                          "childQueues": sorted(children.get(name, [])) or None}
+            conditions = []
+            parent = (obj.get("spec") or {}).get("parentQueue")
+            if name in bad:
+                conditions.append({"type": "Valid", "status": "False", "reason": "InvalidSpec",
+                                   "message": str(bad[name])})
+            elif share is None and parent and parent not in names:
+                conditions.append({"type": "Orphan", "status": "True", "reason": "ParentNotFound",
+                                   "message": f"parent queue '{parent}' does not exist; jobs "
+                                              "in this queue are not scheduled"})
+            status["conditions"] = conditions or None
+            if self.queue_status.get(name) == status:
+                continue
+            try:
+                self.custom.patch_cluster_custom_object_status(
+                    Q_GROUP, Q_VERSION, Q_PLURAL, name, {"status": status})
+                self.queue_status[name] = status
+            except ApiException as e:
+                if e.status != 404:
+                    log.warning("Queue %s status not written: %s", name, e.status)

@@ -1,0 +1,300 @@
+"""Scenario files (shared/scenarios/FORMAT.md, v1): parse, validate, and build core snapshots.
+
+Unknown fields are errors (a scenario that uses something we do not model must fail loudly, not
+pass by ignoring it).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from kai_ray.core.model import (
+    Job,
+    Node,
+    NodePlacement,
+    Pod,
+    PodStatus,
+    Queue,
+    Request,
+    ResourceQuota,
+    SchedulerConfig,
+    Snapshot,
+    SubGroup,
+)
+
+DEFAULT_CPU_M = 20_000_000
+DEFAULT_MEMORY = 20_000_000_000
+DEFAULT_TASK_CPU_M = 1000
+DEFAULT_TASK_MEMORY = 1_000_000_000
+MINUTE = 60.0
+
+
+class ScenarioError(ValueError):
+    """A scenario file that cannot be run, with where and why."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class NodeSpec(_Strict):
+    name: str
+    gpus: int = Field(0, ge=0)
+    cpu_m: int = Field(DEFAULT_CPU_M, ge=0)
+    memory_bytes: int = Field(DEFAULT_MEMORY, ge=0)
+    gpu_memory_mib: int = Field(100, gt=0)
+    pods: int = Field(110, ge=0)
+    gpu_product: str | None = None
+
+
+class QuotaSpec(_Strict):
+    quota: float | None = None
+    limit: float | None = None
+    weight: float | None = None
+
+
+class QueueSpec(_Strict):
+    name: str
+    parent: str | None = None
+    priority: int = 100
+    gpu: QuotaSpec | None = None
+    cpu: QuotaSpec | None = None
+    memory: QuotaSpec | None = None
+
+
+class RequestSpec(_Strict):
+    gpu: int | None = Field(None, ge=0)
+    gpu_fraction: float | None = Field(None, gt=0, le=1)
+    gpu_memory_mib: int | None = Field(None, gt=0)
+    gpu_fraction_num_devices: int | None = Field(None, gt=0)
+    cpu_m: int | None = Field(None, ge=0)
+    memory_bytes: int | None = Field(None, ge=0)
+
+
+TaskState = Literal["Pending", "Running", "Releasing", "Pipelined", "Binding", "Failed",
+                    "Succeeded"]
+
+
+class TaskSpec(RequestSpec):
+    state: TaskState = "Pending"
+    node: str | None = None
+    device: str | None = None
+    task_priority: int | None = None
+    subgroup: str | None = None
+
+
+class SubGroupSpec(_Strict):
+    name: str
+    min_member: int = Field(ge=1)
+
+
+class JobSpec(_Strict):
+    name: str
+    queue: str
+    priority: int = 50
+    min_member: int | None = Field(None, ge=1)
+    per_task: RequestSpec = RequestSpec()
+    tasks: list[TaskSpec]
+    stale_since_s: float | None = None
+    preemptible: bool | None = None
+    namespace: str = "default"
+    subgroups: list[SubGroupSpec] | None = None
+
+
+class PluginSpec(_Strict):
+    name: str
+    args: dict[str, str] | None = None
+
+
+class ConfigSpec(_Strict):
+    plugins_only: list[PluginSpec] | None = None
+    staleness_grace_period_s: float | None = None
+    actions: list[str] | None = None
+
+
+class ExpectSpec(_Strict):
+    status: str | None = None
+    node: str | None = None
+    device: str | None = None
+    reason: str | None = None
+    accepted_gpu_portion: float | None = None
+
+
+class FairShareQueueSpec(_Strict):
+    name: str
+    deserved: float
+    weight: float
+    request: float
+    limit: float | None = None
+    priority: int | None = None
+
+
+RunKind = Literal["allocate", "consolidation", "reclaim", "preempt", "stalegangeviction",
+                  "full_cycle", "fairshare_only"]
+
+
+class Scenario(_Strict):
+    id: str
+    title: str = ""
+    source: dict[str, Any] | None = None
+    run: RunKind
+    rounds: int = Field(2, ge=1)
+    config: ConfigSpec | None = None
+    nodes: list[NodeSpec] = []
+    queues: list[Any] = []
+    jobs: list[JobSpec] = []
+    expect: dict[str, Any] = {}
+    why: str | None = None
+    total_gpus: float | None = None
+
+    def queue_specs(self) -> list[QueueSpec]:
+        return [QueueSpec.model_validate(q) for q in self.queues]
+
+    def fairshare_specs(self) -> list[FairShareQueueSpec]:
+        return [FairShareQueueSpec.model_validate(q) for q in self.queues]
+
+
+class ScenarioFile(_Strict):
+    model_config = ConfigDict(extra="allow")
+    scenarios: list[Scenario]
+
+
+def load(path: str | Path) -> list[Scenario]:
+    """Read a scenario file; errors name the file, the scenario and the field."""
+    text = Path(path).read_text()
+    try:
+        raw = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ScenarioError(f"{path}: not valid YAML: {exc}") from exc
+    if not isinstance(raw, dict) or "scenarios" not in raw:
+        raise ScenarioError(f"{path}: expected a mapping with a 'scenarios' list")
+    unknown = [k for k in raw if k not in ("scenarios", "conventions") and not k.startswith("x-")]
+    if unknown:
+        raise ScenarioError(f"{path}: unsupported top-level field(s): {', '.join(unknown)}")
+    out = []
+    for i, item in enumerate(raw["scenarios"]):
+        ident = item.get("id", f"#{i}") if isinstance(item, dict) else f"#{i}"
+        try:
+            scenario = Scenario.model_validate(item)
+            if scenario.run == "fairshare_only":
+                scenario.fairshare_specs()
+            else:
+                scenario.queue_specs()
+        except ValidationError as exc:
+            raise ScenarioError(f"{path}: scenario {ident}: {_describe(exc)}") from exc
+        out.append(scenario)
+    return out
+
+
+def _describe(exc: ValidationError) -> str:
+    parts = []
+    for err in exc.errors():
+        where = ".".join(str(p) for p in err["loc"])
+        parts.append(f"{where}: {err['msg']}")
+    return "; ".join(parts)
+
+
+# ---------------------------------------------------------------------------- to the core
+
+
+def _quota(spec: QuotaSpec | None, default: ResourceQuota) -> ResourceQuota:
+    if spec is None:
+        return default
+    return ResourceQuota(
+        quota=default.quota if spec.quota is None else spec.quota,
+        limit=default.limit if spec.limit is None else spec.limit,
+        weight=default.weight if spec.weight is None else spec.weight,
+    )
+
+
+def _request(base: RequestSpec, task: TaskSpec) -> Request:
+    """The pod's request: a task that names any request key replaces `per_task` entirely."""
+    keys = RequestSpec.model_fields
+    own = any(getattr(task, k) is not None for k in keys)
+    spec = RequestSpec.model_validate({k: getattr(task, k) for k in keys}) if own else base
+    fraction = spec.gpu_fraction
+    return Request(
+        cpu_m=DEFAULT_TASK_CPU_M if spec.cpu_m is None else spec.cpu_m,
+        memory=DEFAULT_TASK_MEMORY if spec.memory_bytes is None else spec.memory_bytes,
+        gpus=spec.gpu or 0,
+        gpu_fraction_milli=round(fraction * 1000) if fraction else 0,
+        gpu_memory_mib=spec.gpu_memory_mib or 0,
+        fraction_devices=spec.gpu_fraction_num_devices or 1,
+    )
+
+
+def config_of(scenario: Scenario) -> SchedulerConfig:
+    cfg = scenario.config
+    placement = NodePlacement()
+    device_order = None
+    grace = 60.0
+    if cfg is not None:
+        for plugin in cfg.plugins_only or []:
+            if plugin.name == "nodeplacement":
+                args = plugin.args or {}
+                placement = NodePlacement(gpu=args.get("gpu", "binpack"),
+                                          cpu=args.get("cpu", "binpack"))
+            elif plugin.name in ("gpupack", "gpuspread"):
+                device_order = plugin.name
+            else:
+                raise ScenarioError(f"scenario {scenario.id}: unsupported plugin {plugin.name!r}")
+        if cfg.staleness_grace_period_s is not None:
+            grace = cfg.staleness_grace_period_s
+    actions = tuple(cfg.actions) if cfg and cfg.actions else SchedulerConfig().actions
+    return SchedulerConfig(placement=placement, gpu_device_order=device_order,
+                           staleness_grace_period_s=grace, actions=actions)
+
+
+NOW = 10_000.0
+
+
+def snapshot_of(scenario: Scenario, now: float = NOW) -> Snapshot:
+    nodes = tuple(
+        Node(name=n.name, cpu_m=n.cpu_m, memory=n.memory_bytes, gpus=n.gpus,
+             gpu_memory_mib=n.gpu_memory_mib, max_pods=n.pods,
+             labels=(("nvidia.com/gpu.product", n.gpu_product),) if n.gpu_product else ())
+        for n in scenario.nodes)
+    node_names = {n.name for n in nodes}
+    queues = []
+    for i, q in enumerate(scenario.queue_specs()):
+        queues.append(Queue(
+            name=q.name, parent=q.parent, priority=q.priority,
+            gpu=_quota(q.gpu, ResourceQuota(0.0, -1.0, 0.0)),
+            cpu=_quota(q.cpu, ResourceQuota(-1.0, -1.0, 1.0)),
+            memory=_quota(q.memory, ResourceQuota(-1.0, -1.0, 1.0)),
+            created=i * MINUTE))
+    jobs = []
+    for j, spec in enumerate(scenario.jobs):
+        created = j * MINUTE
+        pods = []
+        for i, t in enumerate(spec.tasks):
+            if t.node is not None and t.node not in node_names:
+                raise ScenarioError(f"scenario {scenario.id}: job {spec.name} task {i}: "
+                                    f"unknown node {t.node!r}")
+            if t.state != "Pending" and t.state != "Failed" and t.node is None:
+                raise ScenarioError(f"scenario {scenario.id}: job {spec.name} task {i}: "
+                                    f"state {t.state} needs a node")
+            req = _request(spec.per_task, t)
+            groups: tuple[str, ...] = ()
+            if req.is_shared and t.node is not None and t.state != "Pending":
+                if not t.device:
+                    raise ScenarioError(f"scenario {scenario.id}: job {spec.name} task {i}: "
+                                        "a placed fractional task needs a device")
+                groups = (t.device,)
+            pods.append(Pod(name=f"{spec.name}-{i}", request=req, status=PodStatus(t.state),
+                            node=t.node, gpu_groups=groups, namespace=spec.namespace,
+                            task_priority=t.task_priority, created=created,
+                            subgroup=t.subgroup))
+        subgroups = tuple((sg.name, sg.min_member) for sg in spec.subgroups or [])
+        jobs.append(Job(
+            name=spec.name, queue=spec.queue, priority=spec.priority, pods=tuple(pods),
+            min_member=spec.min_member if spec.min_member is not None else len(spec.tasks),
+            namespace=spec.namespace, created=created, preemptible=spec.preemptible,
+            subgroups=tuple(SubGroup(n, m) for n, m in subgroups),
+            stale_since=None if spec.stale_since_s is None else now - spec.stale_since_s))
+    return Snapshot(nodes=nodes, queues=tuple(queues), jobs=tuple(jobs))
+

@@ -1,0 +1,123 @@
+"""Fixtures for tests against a real control plane.
+
+`cluster` is session-scoped: by default a local ControlPlane (etcd, kube-apiserver,
+kube-controller-manager, KWOK) built by tools/cluster/build.sh; with KAI_RAY_TEST_KUBECONFIG set,
+an existing cluster (kind, a real one) instead. `namespace` is a fresh namespace per test.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from kai_ray.k8s.crds import crd_manifests
+from kai_ray.testing import binaries
+from kai_ray.testing.cluster import Cluster
+from kai_ray.testing.kuberay import start_kuberay_operator
+from kai_ray.testing.plane import Component, ControlPlane
+from kai_ray.testing.scheduler_process import KaiRayProcess
+
+GPU_NODES = 2
+GPUS_PER_NODE = 8
+
+
+def _require_binaries(*names: str) -> None:
+    try:
+        binaries.require(*names)
+    except binaries.BinariesMissing as e:
+        if os.environ.get("KAI_RAY_SKIP_BINARIES"):
+            pytest.skip(f"control-plane binaries not built (KAI_RAY_SKIP_BINARIES set): {e}")
+        pytest.fail(f"control-plane binaries missing; run tools/cluster/build.sh: {e}")
+
+
+@pytest.fixture(scope="session")
+def cluster() -> Iterator[Cluster]:
+    """The cluster every integration test talks to, with kai-ray's CRDs installed."""
+    kubeconfig = os.environ.get("KAI_RAY_TEST_KUBECONFIG")
+    if kubeconfig:
+        existing = Cluster(Path(kubeconfig))
+        # keep CRDs an installation already has (KAI's own, a chart's); add only missing ones
+        ext = client.ApiextensionsV1Api(existing.api_client())
+        have = {c.metadata.name for c in ext.list_custom_resource_definition().items}
+        existing.install_crds([m for m in crd_manifests() if m["metadata"]["name"] not in have])
+        yield existing
+        return
+    _require_binaries(*binaries.CONTROL_PLANE)
+    plane = ControlPlane()
+    plane.start()
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+@pytest.fixture(scope="session")
+def gpu_nodes(cluster: Cluster) -> list[str]:
+    """KWOK GPU nodes (needs a KWOK controller; the local plane runs one)."""
+    return cluster.add_gpu_nodes(GPU_NODES, GPUS_PER_NODE)
+
+
+@pytest.fixture(scope="session")
+def kuberay_operator(cluster: Cluster) -> Component | None:
+    """The real KubeRay operator (--batch-scheduler=kai-scheduler) watching `cluster`.
+
+    On the local plane it is started here (its CRDs installed first); an existing cluster must
+    already run KubeRay with that flag (None is returned then).
+    """
+    if not isinstance(cluster, ControlPlane):
+        ext = client.ApiextensionsV1Api(cluster.api_client())
+        if "rayclusters.ray.io" not in {c.metadata.name for c in
+                                        ext.list_custom_resource_definition().items}:
+            pytest.skip("KAI_RAY_TEST_KUBECONFIG cluster has no KubeRay installed")
+        return None
+    _require_binaries("ray-operator", "kubectl")
+    return start_kuberay_operator(cluster)
+
+
+@pytest.fixture
+def core(cluster: Cluster) -> client.CoreV1Api:
+    return client.CoreV1Api(cluster.api_client())
+
+
+@pytest.fixture
+def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]:
+    """A fresh namespace (with its default ServiceAccount), deleted after the test."""
+    slug = re.sub(r"[^a-z0-9]+", "-", request.node.name.lower()).strip("-")[:40].strip("-")
+    name = f"t-{slug}-{uuid.uuid4().hex[:5]}"
+    core = client.CoreV1Api(cluster.api_client())
+    core.create_namespace({"metadata": {"name": name, "labels": {"kai-ray.io/test": "true"}}})
+    cluster.wait_service_account(name)
+    yield name
+    try:
+        core.delete_namespace(name)
+    except ApiException as e:
+        if e.status != 404:
+            raise
+
+
+@pytest.fixture(scope="session")
+def fake_device_plugin(cluster: Cluster) -> Iterator[object]:
+    """Reports a GPU id for every GPU reservation pod, as NVIDIA's device plugin would."""
+    from kai_ray.testing.devices import FakeDevicePlugin
+
+    plugin = FakeDevicePlugin(cluster.api_client()).start()
+    yield plugin
+    plugin.stop()
+
+
+@pytest.fixture(scope="session")
+def kai_scheduler(cluster: Cluster, fake_device_plugin: object,
+                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[KaiRayProcess]:
+    """`kai-ray run` as its own process against the cluster (killed at the end)."""
+    proc = KaiRayProcess(cluster.kubeconfig, tmp_path_factory.mktemp("kai-ray-run"))
+    proc.start()
+    proc.wait_ready()
+    yield proc
+    proc.stop()
