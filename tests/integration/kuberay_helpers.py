@@ -101,13 +101,10 @@ def json_patch(api: client.ApiClient, namespace: str, name: str,
                ops: list[dict[str, Any]]) -> dict[str, Any]:
     """A JSON Patch on a RayCluster, sent with the content type the Ray autoscaler uses
     (application/json-patch+json)."""
-    result, _, _ = api.call_api(
-        f"/apis/ray.io/v1/namespaces/{namespace}/rayclusters/{name}", "PATCH",
-        header_params={"Content-Type": "application/json-patch+json",
-                       "Accept": "application/json"},
-        body=ops, response_type="object", auth_settings=["BearerToken"],
-        _return_http_data_only=False)
-    return result  # type: ignore[no-any-return]
+    result: dict[str, Any] = client.CustomObjectsApi(api).patch_namespaced_custom_object(
+        *RAY, namespace, "rayclusters", name, ops,
+        _content_type="application/json-patch+json")
+    return result
 
 
 def autoscaler_scale(api: client.ApiClient, namespace: str, name: str, group_index: int,
