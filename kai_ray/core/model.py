@@ -119,6 +119,9 @@ class Pod:
     subgroup: str | None = None
     uid: str = ""
     node_selector: tuple[tuple[str, str], ...] = ()
+    # pods of one podset with the same replica key only make sense together (the hosts of a
+    # multi-host Ray replica): above the podset's minimum they are placed and evicted as a unit
+    replica: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

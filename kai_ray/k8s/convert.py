@@ -34,6 +34,9 @@ SCHEDULER_NAME = "kai-scheduler"
 GPU = "nvidia.com/gpu"
 POD_GROUP_ANNOTATION = "pod-group-name"
 SUBGROUP_LABEL = "kai.scheduler/subgroup-name"
+# KubeRay (RayMultiHostIndexing, on by default since v1.6) names each multi-host replica here;
+# the hosts of one replica are placed and evicted together above the gang minimum
+RAY_REPLICA_LABEL = "ray.io/worker-group-replica-name"
 TASK_PRIORITY_LABEL = "kai.scheduler/task-priority"
 GPU_GROUP_LABEL = "runai-gpu-group"
 STALE_ANNOTATION = "kai.scheduler/stale-podgroup-timestamp"
@@ -197,6 +200,7 @@ def pod_from(pod: Obj, intent: Mapping[str, Any] | None = None) -> Pod:
         is_ray_head=labels.get("ray.io/node-type") == "head",
         subgroup=labels.get(SUBGROUP_LABEL), uid=m.get("uid", ""),
         node_selector=tuple(sorted(selector.items())),
+        replica=labels.get(RAY_REPLICA_LABEL) or None,
     )
 
 
