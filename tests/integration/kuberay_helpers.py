@@ -122,6 +122,18 @@ def autoscaler_scale(api: client.ApiClient, namespace: str, name: str, group_ind
     return json_patch(api, namespace, name, ops)
 
 
+def ensure_priority_classes(api: client.ApiClient) -> None:
+    """KAI's shipped PriorityClasses (train 50, build-preemptible 75, build 100, inference 125)."""
+    sched = client.SchedulingV1Api(api)
+    for name, value in (("train", 50), ("build-preemptible", 75), ("build", 100),
+                        ("inference", 125)):
+        try:
+            sched.create_priority_class({"metadata": {"name": name}, "value": value})
+        except ApiException as e:
+            if e.status != 409:
+                raise
+
+
 def ray_pods(core: client.CoreV1Api, namespace: str, cluster: str,
              group: str | None = None) -> list[Any]:
     """The cluster's live pods (not being deleted), by name."""

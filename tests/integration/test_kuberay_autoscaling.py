@@ -24,6 +24,7 @@ from tests.integration.kuberay_helpers import (
     create,
     delete,
     describe,
+    ensure_priority_classes,
     json_patch,
     podgroup_of,
     ray_cluster,
@@ -32,7 +33,6 @@ from tests.integration.kuberay_helpers import (
     wait_pods,
     worker_group,
 )
-from tests.integration.test_kuberay_gangs import _ensure_priority_classes
 
 pytestmark = [pytest.mark.integration, pytest.mark.kuberay, pytest.mark.timeout(300)]
 CYCLE_S = 1.0
@@ -47,7 +47,7 @@ def test_scale_up_past_room_scale_down_named_workers_and_extras_go_first(
         cluster, namespace, kai_scheduler) -> None:
     api = cluster.api_client()
     core = client.CoreV1Api(api)
-    _ensure_priority_classes(api)
+    ensure_priority_classes(api)
     pool, _ = pool_nodes(api, 1, gpus=4)  # room for 4 one-GPU workers
     qname = f"as-{namespace[-5:]}"
     created = create_queues(api, queue(qname))

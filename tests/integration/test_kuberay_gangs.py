@@ -26,6 +26,7 @@ from tests.integration.kuberay_helpers import (
     create,
     delete,
     describe,
+    ensure_priority_classes,
     ray_cluster,
     ray_pods,
     running,
@@ -35,16 +36,6 @@ from tests.integration.kuberay_helpers import (
 
 pytestmark = [pytest.mark.integration, pytest.mark.kuberay, pytest.mark.timeout(240)]
 CYCLE_S = 1.0  # kai-ray run's default cycle period
-
-
-def _ensure_priority_classes(api: client.ApiClient) -> None:
-    sched = client.SchedulingV1Api(api)
-    for name, value in (("train", 50), ("build-preemptible", 75), ("build", 100),
-                        ("inference", 125)):
-        try:
-            sched.create_priority_class({"metadata": {"name": name}, "value": value})
-        except client.ApiException as e:
-            assert e.status == 409
 
 
 def _scheduled_condition(p: object) -> object:
@@ -108,7 +99,7 @@ def test_build_cluster_preempts_train_cluster_whole_and_kuberay_recreates_it(
         cluster, namespace, kai_scheduler) -> None:
     api = cluster.api_client()
     core = client.CoreV1Api(api)
-    _ensure_priority_classes(api)
+    ensure_priority_classes(api)
     pool, _ = pool_nodes(api, 1, gpus=4)
     suffix = namespace[-5:]
     parent, leaf = f"lp-{suffix}", f"lim-{suffix}"

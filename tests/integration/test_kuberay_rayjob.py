@@ -14,8 +14,10 @@ from tests.integration.kuberay_helpers import (
     create,
     delete,
     describe,
+    ensure_priority_classes,
     get,
     podgroup_of,
+    ray_cluster,
     ray_cluster_spec,
     ray_pods,
     running,
@@ -106,4 +108,71 @@ def test_rayservice_cluster_is_one_gang(cluster, namespace, kai_scheduler) -> No
         _check_gang(api, core, namespace, "RayService", "serve", pool, detail)
     finally:
         delete(api, namespace, "RayService", "serve")
+        delete_queues(api, created)
+
+
+def _deployment_status(api: client.ApiClient, namespace: str, name: str) -> str | None:
+    return (get(api, namespace, "RayJob", name).get("status") or {}).get("jobDeploymentStatus")
+
+
+@pytest.mark.usefixtures("kuberay_operator")
+def test_preempted_sidecar_rayjob_is_suspended_and_resumes(cluster, namespace,
+                                                            kai_scheduler) -> None:
+    """KubeRay v1.6.2 does not re-create the head pod of a provisioned SidecarMode RayJob and
+    marks the RayJob Failed ("Ray head pod not found.") when it disappears, so evicting its
+    pods would kill the job (KAI issue #1401). kai-ray suspends the RayJob instead
+    (spec.suspend: KubeRay deletes its RayCluster) and resumes it when the gang fits again."""
+    api = cluster.api_client()
+    core = client.CoreV1Api(api)
+    ensure_priority_classes(api)
+    pool, _ = pool_nodes(api, 1, gpus=4)
+    suffix = namespace[-5:]
+    parent, leaf = f"jp-{suffix}", f"jl-{suffix}"
+    created = create_queues(api, queue(parent), queue(leaf, parent, gpu_quota=2, gpu_limit=2))
+    detail = lambda: (f"RayJob status: {get(api, namespace, 'RayJob', 'job').get('status')}\n"  # noqa: E731
+                      + describe(core, namespace) + "\n" + kai_scheduler.log_tail())
+    job = ray_job("job", leaf, pool, 2, "SidecarMode")
+    job["spec"]["shutdownAfterJobFinishes"] = True
+    job["metadata"]["labels"]["ray.io/priority-class-name"] = "train"
+    try:
+        create(api, namespace, job)
+        first = wait_for("the RayJob's cluster", lambda: _cluster_name(
+            api, namespace, "RayJob", "job"), timeout=60)
+        wait_for("RayJob Running on a running gang", lambda: _deployment_status(
+            api, namespace, "job") == "Running" and len(running(ray_pods(
+                core, namespace, first))) == 3, timeout=90, detail=detail)
+        pg_name = ray_pods(core, namespace, first)[0].metadata.annotations["pod-group-name"]
+
+        create(api, namespace, ray_cluster("build", leaf, [worker_group("gpu", 2, pool=pool)],
+                                           pool=pool, priority_class="build"))
+        wait_for("the RayJob suspended", lambda: _deployment_status(
+            api, namespace, "job") == "Suspended", timeout=60, detail=detail)
+        wait_for("build running", lambda: len(running(ray_pods(core, namespace, "build")))
+                 == 3, timeout=60, detail=detail)
+        assert ray_pods(core, namespace, first) == []
+        events = core.list_namespaced_event(
+            namespace, field_selector="involvedObject.kind=RayJob").items
+        assert any(e.reason == "Suspended" and "build" in e.message for e in events), [
+            (e.reason, e.message) for e in events]
+        # the gang's demand is still seen: the PodGroup says why it waits
+        pg = client.CustomObjectsApi(api).get_namespaced_custom_object(
+            "scheduling.run.ai", "v2alpha2", namespace, "podgroups", pg_name)
+        wait_for("the suspended gang's PodGroup condition", lambda: (client.CustomObjectsApi(
+            api).get_namespaced_custom_object("scheduling.run.ai", "v2alpha2", namespace,
+                                              "podgroups", pg_name).get("status") or {}).get(
+            "schedulingConditions"), timeout=30)
+        assert pg["metadata"]["name"] == pg_name
+
+        delete(api, namespace, "RayCluster", "build")
+        wait_for("the RayJob resumed on a new running gang", lambda: (
+            (name := _cluster_name(api, namespace, "RayJob", "job")) and name != first
+            and len(running(ray_pods(core, namespace, name))) == 3), timeout=120,
+            detail=detail)
+        assert get(api, namespace, "RayJob", "job")["spec"].get("suspend") is False
+        events = core.list_namespaced_event(
+            namespace, field_selector="involvedObject.kind=RayJob").items
+        assert any(e.reason == "Resumed" for e in events)
+    finally:
+        delete(api, namespace, "RayJob", "job")
+        delete(api, namespace, "RayCluster", "build")
         delete_queues(api, created)
