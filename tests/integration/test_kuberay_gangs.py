@@ -77,6 +77,12 @@ def test_head_and_four_gpu_workers_wait_whole_then_bind_within_two_cycles(
         assert pg["spec"]["minMember"] == 5
         sched = (pg.get("status") or {}).get("schedulingConditions") or []
         assert sched and "gang" in sched[-1]["message"], pg.get("status")
+        # and the RayCluster itself says why it waits
+        events = wait_for("an Unschedulable event on the RayCluster", lambda: [
+            e for e in core.list_namespaced_event(
+                namespace, field_selector="involvedObject.kind=RayCluster").items
+            if e.reason == "Unschedulable" and e.involved_object.name == "gang"], timeout=10)
+        assert "5 pods pending" in events[0].message and "gang" in events[0].message
 
         core.delete_namespaced_pod("blocker", namespace, grace_period_seconds=0)
         wait_for("the blocker gone", lambda: not [
