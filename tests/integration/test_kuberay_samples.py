@@ -106,3 +106,32 @@ def test_half_gpu_recipe_ray_start_params_and_env_agree(cluster: Cluster, namesp
         container = pod.spec.containers[0]
         cmd = next(e.value for e in container.env if e.name == "KUBERAY_GEN_RAY_START_CMD")
         assert re.findall(r"--num-gpus[= ](\S+)", cmd) == ["1"], cmd
+
+
+# the gang each sample's comment promises: PodGroup minMember
+SAMPLE_GANGS = {"raycluster-gang.yaml": 5, "raycluster-priority.yaml": 3,
+                "raycluster-autoscaling.yaml": 3, "raycluster-multihost.yaml": 3,
+                "rayjob-sidecar.yaml": 3, "rayservice.yaml": 3,
+                "raycluster-gpu-fraction-capped.yaml": 3}
+
+
+@pytest.mark.usefixtures("kuberay_operator")
+def test_every_ray_sample_is_valid_for_kuberay_and_has_the_gang_it_promises(
+        cluster: Cluster, namespace: str) -> None:
+    from kai_ray.grouping.ray import ray_gang
+
+    files = sorted(p.name for p in (ROOT / "ray_samples").glob("ray*.yaml"))
+    assert files == sorted(SAMPLE_GANGS)
+    for name in files:
+        path = ROOT / "ray_samples" / name
+        # the API server checks the manifest against KubeRay's CRD schema
+        cluster.kubectl("apply", "--dry-run=server", "-n", namespace, "-f", str(path))
+        doc = yaml.safe_load(path.read_text())
+        spec = {"RayCluster": lambda d: d["spec"],
+                "RayJob": lambda d: d["spec"]["rayClusterSpec"],
+                "RayService": lambda d: d["spec"]["rayClusterConfig"]}[doc["kind"]](doc)
+        assert ray_gang({"kind": "RayCluster", "metadata": doc["metadata"],
+                         "spec": spec}).min_member == SAMPLE_GANGS[name], name
+        assert doc["metadata"]["labels"].get("kai.scheduler/queue"), name
+        if doc["kind"] == "RayJob":
+            assert doc["spec"]["submissionMode"] != "K8sJobMode"  # KubeRay refuses it with KAI
