@@ -114,12 +114,13 @@ def test_scale_up_past_room_scale_down_named_workers_and_extras_go_first(
         events = core.list_namespaced_event(namespace, field_selector="reason=Preempted").items
         assert {e.involved_object.uid for e in events} == extra
 
-        # raising minReplicas raises the PodGroup's minimum (the grouper re-reads the owner)
+        # raising minReplicas raises the PodGroup's minimum: the pod grouper watches
+        # RayClusters, so within a few cycles rather than at its 10 s resync
         json_patch(api, namespace, "auto", [
             {"op": "replace", "path": "/spec/workerGroupSpecs/0/minReplicas", "value": 3}])
         changed = time.monotonic()
         wait_for("PodGroup minMember 4", lambda: podgroup_of(
-            api, namespace, head)["spec"]["minMember"] == 4, timeout=30, interval=0.2)
+            api, namespace, head)["spec"]["minMember"] == 4, timeout=5, interval=0.1)
         print(f"PodGroup followed minReplicas in {time.monotonic() - changed:.1f}s")
         pg = podgroup_of(api, namespace, head)
         assert {s["name"]: s["minMember"] for s in pg["spec"]["subGroups"]}["gpu"] == 3
