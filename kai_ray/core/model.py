@@ -128,6 +128,9 @@ class Pod:
 class SubGroup:
     name: str
     min_member: int
+    # pods per replica (Pod.replica) in this subgroup: a replica above the minimum is placed only
+    # once all its pods exist (KubeRay creates a multi-host replica's pods one by one)
+    replica_size: int = 1
 
 
 @dataclass(frozen=True, slots=True)

@@ -83,6 +83,7 @@ class PodSet:
     name: str
     min_member: int
     tasks: list[Task] = field(default_factory=list)
+    replica_size: int = 1
 
     def active_count(self) -> int:
         return sum(1 for t in self.tasks if t.status in ACTIVE_ALLOCATED)
@@ -117,7 +118,9 @@ class JobState:
         self.tasks: list[Task] = []
         self.uses_subgroups = bool(job.subgroups)
         if job.subgroups:
-            self.podsets = {sg.name: PodSet(sg.name, max(sg.min_member, 1)) for sg in job.subgroups}
+            self.podsets = {sg.name: PodSet(sg.name, max(sg.min_member, 1),
+                                            replica_size=max(sg.replica_size, 1))
+                            for sg in job.subgroups}
         else:
             self.podsets = {"default": PodSet("default", max(job.min_member, 1))}
 
@@ -184,15 +187,26 @@ class JobState:
                 out.extend(pending[: ps.min_member - ps.active_count()])
             return out
         candidates = [ps for ps in self.ordered_podsets() if any(allocatable(t) for t in ps.tasks)]
-        if not candidates:
-            return []
-        best = min(candidates, key=lambda ps: (ps.active_count() / ps.min_member, ps.name))
-        pending = sorted((t for t in best.tasks if allocatable(t)), key=Task.sort_key)
-        first = pending[0]
-        if first.replica is None:
-            return pending[:1]
-        # an elastic replica of several hosts is one unit: all of its pending pods or none
-        return [t for t in pending if t.replica == first.replica]
+        for ps in sorted(candidates, key=lambda ps: (ps.active_count() / ps.min_member, ps.name)):
+            unit = _next_elastic_unit(ps, sorted((t for t in ps.tasks if allocatable(t)),
+                                                 key=Task.sort_key))
+            if unit:
+                return unit
+        return []
+
+
+def _next_elastic_unit(ps: PodSet, pending: list[Task]) -> list[Task]:
+    """The next pod above the podset's minimum, or all pending pods of the next complete replica
+    (an elastic replica of several hosts is one unit: all of it or none; one whose pods do not
+    all exist yet waits)."""
+    for t in pending:
+        if t.replica is None:
+            return [t]
+        size = sum(1 for u in ps.tasks if u.replica == t.replica and u.status in ALIVE
+                   and u.origin is None)
+        if size >= ps.replica_size:
+            return [u for u in pending if u.replica == t.replica]
+    return []
 
 
 def by_replica(tasks: list[Task]) -> list[Task]:

@@ -85,3 +85,19 @@ def test_preemption_evicts_an_extra_replica_whole_and_keeps_the_gang() -> None:
     evicted = {e.pod for e in result.evictions}
     # one GPU was needed, but half a replica is useless: both hosts of the extra replica go
     assert evicted == {"b0", "b1"}, evicted
+
+
+def test_a_replica_whose_pods_do_not_all_exist_yet_waits() -> None:
+    """KubeRay creates a replica's hosts one by one: the first alone must not be placed."""
+    running = (_host("a0", "ra", PodStatus.RUNNING, "n0"), _host("a1", "ra", PodStatus.RUNNING,
+                                                                   "n0"))
+    head = Pod("ray-head", CPU, status=PodStatus.RUNNING, node="n0", subgroup="headgroup",
+               is_ray_head=True)
+    job = Job("ray", "q", 50, (head, *running, _host("b0", "rb")), min_member=3,
+              subgroups=(SubGroup("headgroup", 1), SubGroup("tpu", 2, replica_size=2)))
+    snap = Snapshot((Node("n0", 64000, 512 * 10**9, gpus=8),), QUEUES, (job,))
+    assert _bound(snap) == set()
+    complete = Job("ray", "q", 50, (head, *running, _host("b0", "rb"), _host("b1", "rb")),
+                   min_member=3, subgroups=(SubGroup("headgroup", 1),
+                                            SubGroup("tpu", 2, replica_size=2)))
+    assert _bound(Snapshot(snap.nodes, QUEUES, (complete,))) == {"b0", "b1"}

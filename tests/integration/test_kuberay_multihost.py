@@ -4,6 +4,7 @@ at all (KubeRay labels its pods ray.io/worker-group-replica-name)."""
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -47,6 +48,8 @@ def test_new_multi_host_replica_binds_whole_or_not_at_all(cluster, namespace,
         assert len({p.metadata.labels[REPLICA_LABEL] for p in first}) == 1
         pg = podgroup_of(api, namespace, first[0])
         assert pg["spec"]["minMember"] == 3  # 1 head + 1 replica x 2 hosts
+        # KubeRay creates a replica's pods one by one: the grouper records how many make one
+        assert json.loads(pg["metadata"]["annotations"]["kai-ray.io/replica-hosts"]) == {"tpu": 2}
 
         autoscaler_scale(api, namespace, "multi", 0, 2)
         wait_pods(core, namespace, "multi", 5, timeout=30)
