@@ -78,11 +78,13 @@ def test_head_and_four_gpu_workers_wait_whole_then_bind_within_two_cycles(
         sched = (pg.get("status") or {}).get("schedulingConditions") or []
         assert sched and "gang" in sched[-1]["message"], pg.get("status")
         # and the RayCluster itself says why it waits
-        events = wait_for("an Unschedulable event on the RayCluster", lambda: [
+        # and the RayCluster itself says why it waits (an earlier event may say NotReady: the
+        # scheduler saw the gang before KubeRay had created all 5 pods)
+        wait_for("the gang's reason as an event on the RayCluster", lambda: [
             e for e in core.list_namespaced_event(
                 namespace, field_selector="involvedObject.kind=RayCluster").items
-            if e.reason == "Unschedulable" and e.involved_object.name == "gang"], timeout=10)
-        assert "5 pods pending" in events[0].message and "gang" in events[0].message
+            if e.reason == "Unschedulable" and e.involved_object.name == "gang"
+            and "5 pods pending" in e.message and "gang scheduling" in e.message], timeout=10)
 
         core.delete_namespaced_pod("blocker", namespace, grace_period_seconds=0)
         wait_for("the blocker gone", lambda: not [
