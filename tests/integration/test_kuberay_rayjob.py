@@ -176,3 +176,47 @@ def test_preempted_sidecar_rayjob_is_suspended_and_resumes(cluster, namespace,
         delete(api, namespace, "RayJob", "job")
         delete(api, namespace, "RayCluster", "build")
         delete_queues(api, created)
+
+
+@pytest.mark.usefixtures("kuberay_operator")
+def test_preempted_interactive_rayjob_gets_its_pods_back_from_kuberay(cluster, namespace,
+                                                                      kai_scheduler) -> None:
+    """An InteractiveMode RayJob waiting for its job id cannot be suspended (KubeRay suspends
+    only Running/Initializing RayJobs): its pods are evicted, and KubeRay v1.6.2 re-creates the
+    head and the workers (only SidecarMode clusters skip the head), which wait as a gang and run
+    again once room returns; the RayJob never fails."""
+    api = cluster.api_client()
+    core = client.CoreV1Api(api)
+    ensure_priority_classes(api)
+    pool, _ = pool_nodes(api, 1, gpus=4)
+    suffix = namespace[-5:]
+    parent, leaf = f"ip-{suffix}", f"il-{suffix}"
+    created = create_queues(api, queue(parent), queue(leaf, parent, gpu_quota=2, gpu_limit=2))
+    detail = lambda: (f"RayJob status: {get(api, namespace, 'RayJob', 'job').get('status')}\n"  # noqa: E731
+                      + describe(core, namespace) + "\n" + kai_scheduler.log_tail())
+    job = ray_job("job", leaf, pool, 2, "InteractiveMode")
+    job["metadata"]["labels"]["ray.io/priority-class-name"] = "train"
+    try:
+        create(api, namespace, job)
+        name = wait_for("the RayJob's cluster", lambda: _cluster_name(
+            api, namespace, "RayJob", "job"), timeout=60)
+        wait_for("the gang running", lambda: len(running(ray_pods(core, namespace, name)))
+                 == 3, timeout=60, detail=detail)
+        first = {p.metadata.uid for p in ray_pods(core, namespace, name)}
+        create(api, namespace, ray_cluster("build", leaf, [worker_group("gpu", 2, pool=pool)],
+                                           pool=pool, priority_class="build"))
+        wait_for("build running", lambda: len(running(ray_pods(core, namespace, "build")))
+                 == 3, timeout=60, detail=detail)
+        wait_for("KubeRay re-created head and workers", lambda: len(ray_pods(
+            core, namespace, name)) == 3 and not first & {p.metadata.uid for p in ray_pods(
+                core, namespace, name)}, timeout=60, detail=detail)
+        assert bound(ray_pods(core, namespace, name)) == []
+        assert _deployment_status(api, namespace, "job") not in ("Failed", "Suspended")
+        delete(api, namespace, "RayCluster", "build")
+        wait_for("the RayJob's gang runs again", lambda: len(running(ray_pods(
+            core, namespace, name))) == 3, timeout=90, detail=detail)
+        assert _deployment_status(api, namespace, "job") != "Failed"
+    finally:
+        delete(api, namespace, "RayJob", "job")
+        delete(api, namespace, "RayCluster", "build")
+        delete_queues(api, created)
