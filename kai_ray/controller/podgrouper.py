@@ -14,6 +14,7 @@ from typing import Any
 from kubernetes import client, dynamic
 from kubernetes.client.rest import ApiException
 
+from kai_ray.controller.raywatch import RayClusterWatch
 from kai_ray.grouping import GroupingConfig
 from kai_ray.grouping.objects import GroupingError, RayClusterPending
 from kai_ray.grouping.owners import resolve_top_owner
@@ -42,6 +43,7 @@ class PodGrouper:
         self.retry: set[str] = set()
         self._retry_lock = threading.Lock()
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grouper")
+        self.ray_watch: RayClusterWatch | None = None
 
     # ------------------------------------------------------------------ reads
     def get_owner(self, api_version: str, kind: str, namespace: str, name: str
@@ -77,7 +79,7 @@ class PodGrouper:
         changes such as a RayCluster's minReplicas reach the PodGroup). Returns pods handled."""
         dirty = set(self.cache.take_dirty_pods())
         with self._retry_lock:
-            keys = dirty | self.retry
+            keys = dirty | self.retry | self._ray_changed()
             self.retry = set()
         now = time.monotonic()
         if now - self._last_resync > RESYNC_SECONDS:
@@ -119,6 +121,21 @@ class PodGrouper:
         with self._retry_lock:
             self.retry.add(key)
         return 0
+
+    def _ray_changed(self) -> set[str]:
+        """One pod of each RayCluster whose spec changed since the last cycle."""
+        if self.ray_watch is None:
+            self.ray_watch = RayClusterWatch(self.api).start()
+        changed = self.ray_watch.take()
+        if not changed:
+            return set()
+        out: dict[tuple[str, str], str] = {}
+        for pod in self.cache.pods.values():
+            m = pod.get("metadata") or {}
+            cluster = (m.get("namespace", ""), (m.get("labels") or {}).get("ray.io/cluster", ""))
+            if cluster in changed and cluster not in out:
+                out[cluster] = f"{m.get('namespace')}/{m['name']}"
+        return set(out.values())
 
     def _group(self, pod: Obj) -> None:
         owners = resolve_top_owner(pod, self.get_owner)

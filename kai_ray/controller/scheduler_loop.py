@@ -19,6 +19,7 @@ from kai_ray.k8s.binder import Binder, BinderConfig
 from kai_ray.k8s.cache import ClusterCache
 from kai_ray.k8s.events import EventRecorder
 from kai_ray.k8s.status import StatusWriter
+from kai_ray.k8s.suspend import DEMAND_ANNOTATION, Suspender, wants_suspend
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
@@ -53,6 +54,7 @@ class SchedulerLoop:
         self.events = EventRecorder(api)
         self.binder = Binder(api, self.events, config.binder)
         self.status = StatusWriter(api, self.events)
+        self.suspender = Suspender(api, self.events)
         self.grouper = grouper
         self.on_cycle = on_cycle
         self.assumed: dict[str, _Assumed] = {}
@@ -120,7 +122,13 @@ class SchedulerLoop:
     def _carry_out(self, result: CycleResult, snapshot: Snapshot, podgroups: dict[str, Obj],
                    pods: dict[str, Obj], problems: list[Any]) -> None:
         until = time.monotonic() + ASSUME_SECONDS
+        suspended = set(self._suspend_instead(result, snapshot, podgroups, pods))
+        for key in suspended:
+            self.assumed[key] = _Assumed(PodStatus.RELEASING, None, (), until)
+        self._resume_suspended(result, podgroups, pods)
         for ev in result.evictions:
+            if f"{ev.namespace}/{ev.pod}" in suspended:
+                continue  # its RayJob was suspended instead
             pod = pods.get(f"{ev.namespace}/{ev.pod}")
             if pod is not None and self.binder.evict(pod, ev.message, ev.action):
                 self.assumed[f"{ev.namespace}/{ev.pod}"] = _Assumed(
@@ -141,6 +149,40 @@ class SchedulerLoop:
             log.warning("%s", problem)
         if self.config.reservation_gc:
             self.binder.collect_reservations(pods.values())
+
+    # ------------------------------------------------------------------ RayJob suspension
+    def _suspend_instead(self, result: CycleResult, snapshot: Snapshot,
+                         podgroups: dict[str, Obj], pods: dict[str, Obj]) -> list[str]:
+        """Whole gangs of RayJobs that KubeRay can suspend are suspended, not evicted
+        (kai_ray.k8s.suspend). Returns the pod keys handled so."""
+        by_job: dict[str, list[Any]] = {}
+        for ev in result.evictions:
+            by_job.setdefault(ev.job, []).append(ev)
+        handled: list[str] = []
+        for job in snapshot.jobs:
+            evs = by_job.get(job.name)
+            pg = podgroups.get(job.name)
+            if not evs or pg is None or not wants_suspend(pg):
+                continue
+            active = {p.name for p in job.pods if p.status in ACTIVE_ALLOCATED}
+            if not active <= {ev.pod for ev in evs}:
+                continue  # only some of its pods (elastic workers) go: evict those
+            gang = [pods[k] for k in (f"{job.namespace}/{ev.pod}" for ev in evs) if k in pods]
+            if self.suspender.suspend(pg, gang, evs[0].message):
+                handled.extend(f"{job.namespace}/{ev.pod}" for ev in evs)
+        return handled
+
+    def _resume_suspended(self, result: CycleResult, podgroups: dict[str, Obj],
+                          pods: dict[str, Obj]) -> None:
+        """Binds of a suspended gang's stand-in pods mean it fits: resume its RayJob instead."""
+        stand_ins = [b for b in result.binds if f"{b.namespace}/{b.pod}" not in pods
+                     and DEMAND_ANNOTATION in ((podgroups.get(b.job) or {}).get("metadata")
+                                               or {}).get("annotations", {})]
+        if not stand_ins:
+            return
+        result.binds[:] = [b for b in result.binds if b not in stand_ins]
+        for job in {b.job for b in stand_ins}:
+            self.suspender.resume(podgroups[job])
 
     # ------------------------------------------------------------------ loop
     def run(self, is_leader: Any = None) -> None:

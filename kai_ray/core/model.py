@@ -119,12 +119,18 @@ class Pod:
     subgroup: str | None = None
     uid: str = ""
     node_selector: tuple[tuple[str, str], ...] = ()
+    # pods of one podset with the same replica key only make sense together (the hosts of a
+    # multi-host Ray replica): above the podset's minimum they are placed and evicted as a unit
+    replica: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class SubGroup:
     name: str
     min_member: int
+    # pods per replica (Pod.replica) in this subgroup: a replica above the minimum is placed only
+    # once all its pods exist (KubeRay creates a multi-host replica's pods one by one)
+    replica_size: int = 1
 
 
 @dataclass(frozen=True, slots=True)

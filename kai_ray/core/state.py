@@ -39,8 +39,8 @@ class Task:
 
     __slots__ = ("accepted_gpu", "created", "gpu_mem_cost", "groups", "idx", "is_head", "job",
                  "moved", "name", "namespace", "node", "node_selector", "orig_groups",
-                 "orig_node", "orig_status", "origin", "req", "status", "subgroup",
-                 "task_priority")
+                 "orig_node", "orig_status", "origin", "replica", "req", "status",
+                 "subgroup", "task_priority")
 
     def __init__(self, idx: int, job: JobState, pod: Pod, node: int) -> None:
         self.idx = idx
@@ -59,6 +59,7 @@ class Task:
         self.is_head = pod.is_ray_head
         self.subgroup = pod.subgroup or "default"
         self.node_selector = pod.node_selector
+        self.replica = pod.replica
         # per-device cost in milli of the device, and the GPU amount charged to the queue;
         # both depend on the node's GPU memory for gpu-memory pods, so set on placement
         self.gpu_mem_cost = 0
@@ -83,6 +84,7 @@ class PodSet:
     name: str
     min_member: int
     tasks: list[Task] = field(default_factory=list)
+    replica_size: int = 1
 
     def active_count(self) -> int:
         return sum(1 for t in self.tasks if t.status in ACTIVE_ALLOCATED)
@@ -117,7 +119,9 @@ class JobState:
         self.tasks: list[Task] = []
         self.uses_subgroups = bool(job.subgroups)
         if job.subgroups:
-            self.podsets = {sg.name: PodSet(sg.name, max(sg.min_member, 1)) for sg in job.subgroups}
+            self.podsets = {sg.name: PodSet(sg.name, max(sg.min_member, 1),
+                                            replica_size=max(sg.replica_size, 1))
+                            for sg in job.subgroups}
         else:
             self.podsets = {"default": PodSet("default", max(job.min_member, 1))}
 
@@ -179,15 +183,45 @@ class JobState:
         if below:
             out: list[Task] = []
             for ps in below:
-                pending = sorted((t for t in ps.tasks if allocatable(t)), key=Task.sort_key)
+                pending = by_replica(sorted((t for t in ps.tasks if allocatable(t)),
+                                            key=Task.sort_key))
                 out.extend(pending[: ps.min_member - ps.active_count()])
             return out
         candidates = [ps for ps in self.ordered_podsets() if any(allocatable(t) for t in ps.tasks)]
-        if not candidates:
-            return []
-        best = min(candidates, key=lambda ps: (ps.active_count() / ps.min_member, ps.name))
-        pending = sorted((t for t in best.tasks if allocatable(t)), key=Task.sort_key)
-        return pending[:1]
+        for ps in sorted(candidates, key=lambda ps: (ps.active_count() / ps.min_member, ps.name)):
+            unit = _next_elastic_unit(ps, sorted((t for t in ps.tasks if allocatable(t)),
+                                                 key=Task.sort_key))
+            if unit:
+                return unit
+        return []
+
+
+def _next_elastic_unit(ps: PodSet, pending: list[Task]) -> list[Task]:
+    """The next pod above the podset's minimum, or all pending pods of the next complete replica
+    (an elastic replica of several hosts is one unit: all of it or none; one whose pods do not
+    all exist yet waits)."""
+    for t in pending:
+        if t.replica is None:
+            return [t]
+        size = sum(1 for u in ps.tasks if u.replica == t.replica and u.status in ALIVE
+                   and u.origin is None)
+        if size >= ps.replica_size:
+            return [u for u in pending if u.replica == t.replica]
+    return []
+
+
+def by_replica(tasks: list[Task]) -> list[Task]:
+    """`tasks` (in task order) with the pods of one replica kept together, at the place of the
+    replica's first pod, so a count of pods taken from the front covers whole replicas."""
+    out: list[Task] = []
+    seen: set[str] = set()
+    for t in tasks:
+        if t.replica is None:
+            out.append(t)
+        elif t.replica not in seen:
+            seen.add(t.replica)
+            out.extend(u for u in tasks if u.replica == t.replica)
+    return out
 
 
 @dataclass
@@ -554,7 +588,8 @@ class Session:
     def _move(self, task: Task, node: int, groups: tuple[str, ...]) -> None:
         pod = Pod(name=task.name, request=task.req, namespace=task.namespace,
                   task_priority=task.task_priority, created=task.created, is_ray_head=task.is_head,
-                  subgroup=task.subgroup, node_selector=task.node_selector)
+                  subgroup=task.subgroup, node_selector=task.node_selector,
+                  replica=task.replica)
         copy = Task(len(self.tasks), task.job, pod, -1)
         copy.origin = task
         self.tasks.append(copy)

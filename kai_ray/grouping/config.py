@@ -27,6 +27,8 @@ TOPOLOGY_REQUIRED_ANNOTATION = "kai.scheduler/topology-required-placement"
 TOPOLOGY_PREFERRED_ANNOTATION = "kai.scheduler/topology-preferred-placement"
 RAY_GROUP_LABEL = "ray.io/group"
 RAY_HEAD_GROUP = "headgroup"
+# kai-ray: PodGroup annotation {subgroup: pods per replica} for multi-host Ray worker groups
+REPLICA_HOSTS_ANNOTATION = "kai-ray.io/replica-hosts"
 
 # Shipped PriorityClasses that serve as per-kind defaults.
 TRAIN, BUILD, INFERENCE = "train", "build", "inference"

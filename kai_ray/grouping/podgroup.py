@@ -39,6 +39,7 @@ Preemptibility: label ``kai.scheduler/preemptibility`` on an owner, then on the 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,6 +55,7 @@ from kai_ray.grouping.config import (
     PROJECT_LABEL,
     RAY_GROUP_LABEL,
     RAY_PRIORITY_LABEL,
+    REPLICA_HOSTS_ANNOTATION,
     SUBGROUP_LABEL,
     TOP_OWNER_METADATA_ANNOTATION,
     TOPOLOGY_ANNOTATION,
@@ -245,6 +247,9 @@ def group_pod(
                                 "resolve_top_owner)")
         gang = ray_gang(owners.ray_cluster)
         spec["minMember"], spec["subGroups"] = gang.min_member, [dict(s) for s in gang.subgroups]
+        if gang.replica_hosts:
+            pg_annotations[REPLICA_HOSTS_ANNOTATION] = json.dumps(dict(gang.replica_hosts),
+                                                                  sort_keys=True)
         if labels_of(top).get(RAY_PRIORITY_LABEL):
             spec["priorityClassName"] = labels_of(top)[RAY_PRIORITY_LABEL]
         group = labels_of(pod).get(RAY_GROUP_LABEL)

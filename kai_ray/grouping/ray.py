@@ -33,6 +33,8 @@ class RayGang:
     min_member: int
     # PodGroup spec.subGroups entries: {"name", "minMember"[, "topologyConstraint"]}
     subgroups: tuple[dict[str, Any], ...]
+    # kai-ray: pods per replica of the subgroups with numOfHosts > 1 (a replica is placed whole)
+    replica_hosts: tuple[tuple[str, int], ...] = ()
 
 
 def _count(group: Mapping[str, Any], field: str, default: int, where: str) -> int:
@@ -84,6 +86,7 @@ def ray_gang(cluster: Obj) -> RayGang:
     if not isinstance(groups, list):
         raise GroupingError(f"{where}: spec.workerGroupSpecs must be a list")
     total = 1
+    replica_hosts: list[tuple[str, int]] = []
     for i, group in enumerate(groups):
         gwhere = f"{where}: workerGroupSpecs[{i}]"
         if not isinstance(group, Mapping):
@@ -103,4 +106,7 @@ def ray_gang(cluster: Obj) -> RayGang:
         total += group_min
         name = group.get("groupName") or f"worker-group-{i}"
         subgroups.append(_subgroup(str(name), group_min, _topology(group, gwhere)))
-    return RayGang(min_member=total, subgroups=tuple(subgroups))
+        if hosts > 1:
+            replica_hosts.append((str(name), hosts))
+    return RayGang(min_member=total, subgroups=tuple(subgroups),
+                   replica_hosts=tuple(replica_hosts))

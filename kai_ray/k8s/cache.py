@@ -244,12 +244,15 @@ class ClusterCache:
                 problems.append(q)
             else:
                 queues.append(q)
+        from kai_ray.k8s.suspend import stand_in_pods  # suspend needs this module's names
+
         classes, default = self.priority_classes_map()
         jobs = []
         podgroups: dict[str, Obj] = {}
         for pg in self.podgroups.values():
             m = pg["metadata"]
-            members = by_group.get((m.get("namespace", ""), m["name"]), [])
+            # a gang suspended by preemption (a RayJob) keeps its demand as stand-in pods
+            members = by_group.get((m.get("namespace", ""), m["name"])) or stand_in_pods(pg)
             try:
                 jobs.append(convert.job_from(pg, members, classes, default))
                 podgroups[m["name"]] = pg

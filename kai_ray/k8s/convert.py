@@ -34,6 +34,10 @@ SCHEDULER_NAME = "kai-scheduler"
 GPU = "nvidia.com/gpu"
 POD_GROUP_ANNOTATION = "pod-group-name"
 SUBGROUP_LABEL = "kai.scheduler/subgroup-name"
+# KubeRay (RayMultiHostIndexing, on by default since v1.6) names each multi-host replica here;
+# the hosts of one replica are placed and evicted together above the gang minimum
+RAY_REPLICA_LABEL = "ray.io/worker-group-replica-name"
+REPLICA_HOSTS_ANNOTATION = "kai-ray.io/replica-hosts"  # written by the pod grouper
 TASK_PRIORITY_LABEL = "kai.scheduler/task-priority"
 GPU_GROUP_LABEL = "runai-gpu-group"
 STALE_ANNOTATION = "kai.scheduler/stale-podgroup-timestamp"
@@ -197,6 +201,7 @@ def pod_from(pod: Obj, intent: Mapping[str, Any] | None = None) -> Pod:
         is_ray_head=labels.get("ray.io/node-type") == "head",
         subgroup=labels.get(SUBGROUP_LABEL), uid=m.get("uid", ""),
         node_selector=tuple(sorted(selector.items())),
+        replica=labels.get(RAY_REPLICA_LABEL) or None,
     )
 
 
@@ -282,6 +287,19 @@ def bind_intent(podgroup: Obj) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def _replica_hosts(raw: str | None) -> dict[str, int]:
+    """{subgroup: pods per replica} from the pod grouper's annotation (bad values: none)."""
+    if not raw:
+        return {}
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return {}
+    if not isinstance(value, dict):
+        return {}
+    return {str(k): v for k, v in value.items() if isinstance(v, int) and v >= 1}
+
+
 def job_from(pg: Obj, pods: Iterable[Obj], classes: Mapping[str, int],
              default_priority: int | None) -> Job:
     m = meta(pg)
@@ -289,7 +307,9 @@ def job_from(pg: Obj, pods: Iterable[Obj], classes: Mapping[str, int],
     ann = m.get("annotations") or {}
     intent = bind_intent(pg)
     preemptibility = spec.get("preemptibility") or ""
-    subgroups = tuple(SubGroup(sg["name"], max(1, int(sg.get("minMember", 1))))
+    replica_hosts = _replica_hosts(ann.get(REPLICA_HOSTS_ANNOTATION))
+    subgroups = tuple(SubGroup(sg["name"], max(1, int(sg.get("minMember", 1))),
+                               replica_size=replica_hosts.get(sg["name"], 1))
                       for sg in spec.get("subGroups") or [] if sg.get("name"))
     stale = ann.get(STALE_ANNOTATION)
     last_start = ann.get(LAST_START_ANNOTATION)

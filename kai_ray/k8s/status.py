@@ -90,6 +90,7 @@ class StatusWriter:
     def _podgroup_unschedulable(self, pg: Obj, status: JobStatus) -> None:
         self.events.emit(pg, "Unschedulable", f"{status.reason}: {status.message}",
                          kind="PodGroup", api_version=f"{PG_GROUP}/{PG_VERSION}")
+        self._owner_event(pg, status)
         current = (pg.get("status") or {}).get("schedulingConditions") or []
         if current and current[-1].get("message") == status.message:
             return
@@ -99,6 +100,20 @@ class StatusWriter:
                      "transitionID": transition, "lastTransitionTime": _now(),
                      "reasons": [{"reason": status.reason, "message": status.message}]}
         self._patch_pg_status(pg, {"schedulingConditions": [condition]})
+
+    def _owner_event(self, pg: Obj, status: JobStatus) -> None:
+        """The same on the workload users look at (a RayCluster, RayJob or RayService), so
+        `kubectl describe raycluster` says why its gang waits, not just that pods are Pending."""
+        m = pg["metadata"]
+        for ref in m.get("ownerReferences") or []:
+            if not str(ref.get("apiVersion", "")).startswith("ray.io/"):
+                continue
+            owner = {"metadata": {"name": ref.get("name"), "namespace": m.get("namespace"),
+                                  "uid": ref.get("uid")}}
+            self.events.emit(owner, "Unschedulable",
+                             f"gang {m['name']} ({len(status.pending_pods)} pods pending): "
+                             f"{status.reason}: {status.message}", kind=ref.get("kind", ""),
+                             api_version=ref.get("apiVersion", ""), type_="Warning")
 
     def _patch_pg_status(self, pg: Obj, status: Obj) -> None:
         m = pg["metadata"]

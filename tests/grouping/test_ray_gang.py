@@ -114,3 +114,9 @@ def test_min_above_replicas_always_fails(replicas: int, extra: int) -> None:
     with pytest.raises(GroupingError, match=rf"minReplicas {replicas + extra} > replicas "
                                             rf"{replicas}$"):
         ray_gang(ray_cluster("rc", worker_group(replicas, replicas + extra)))
+
+
+def test_multi_host_groups_record_pods_per_replica() -> None:
+    gang = ray_gang(ray_cluster("rc", worker_group(3, 2, hosts=2), worker_group(1, 1)))
+    assert gang.replica_hosts == (("worker-group-0", 2),)
+    assert ray_gang(ray_cluster("rc", worker_group(1, 1))).replica_hosts == ()

@@ -62,15 +62,18 @@ class VictimUnit:
                 sum(t.accepted_gpu for t in taken))
 
     def take(self) -> tuple[list[Task], VictimUnit | None]:
-        """Tasks to evict next: one extra task of a podset above its minimum, else all."""
+        """Tasks to evict next: one extra task of a podset above its minimum (with the other
+        hosts of its replica: a replica is never split), else all."""
         above = [(name, ts) for name, ts in self.by_set.items()
                  if len(ts) > self.job.podsets[name].min_member]
         if above:
             _, ts = max(above, key=lambda item: (
                 len(item[1]) / self.job.podsets[item[0]].min_member, item[0]))
             victim = max(ts, key=Task.sort_key)
-            rest = [t for t in self.tasks if t is not victim]
-            return [victim], VictimUnit(self.job, rest)
+            taken = [victim] if victim.replica is None else [
+                t for t in ts if t.replica == victim.replica]
+            rest = [t for t in self.tasks if all(t is not v for v in taken)]
+            return taken, (VictimUnit(self.job, rest) if rest else None)
         return list(self.tasks), None
 
 

@@ -1,0 +1,222 @@
+"""RayJob and RayService through the real KubeRay operator: their RayClusters become one gang
+each, named after and owned by the RayJob/RayService (as KAI's Ray grouper does)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from kubernetes import client
+
+from tests.integration.helpers import create_queues, delete_queues, pool_nodes, queue, wait_for
+from tests.integration.kuberay_helpers import (
+    bound,
+    create,
+    delete,
+    describe,
+    ensure_priority_classes,
+    get,
+    podgroup_of,
+    ray_cluster,
+    ray_cluster_spec,
+    ray_pods,
+    running,
+    wait_pods,
+    worker_group,
+)
+
+pytestmark = [pytest.mark.integration, pytest.mark.kuberay, pytest.mark.timeout(240)]
+CYCLE_S = 1.0
+
+
+def ray_job(name: str, queue_name: str, pool: str, workers: int, mode: str) -> dict:
+    return {"apiVersion": "ray.io/v1", "kind": "RayJob",
+            "metadata": {"name": name, "labels": {"kai.scheduler/queue": queue_name}},
+            "spec": {"submissionMode": mode, "entrypoint": "python -c 'print(1)'",
+                     "rayClusterSpec": ray_cluster_spec([worker_group("gpu", workers, pool=pool)],
+                                                        pool)}}
+
+
+def ray_service(name: str, queue_name: str, pool: str, workers: int) -> dict:
+    return {"apiVersion": "ray.io/v1", "kind": "RayService",
+            "metadata": {"name": name, "labels": {"kai.scheduler/queue": queue_name}},
+            "spec": {"rayClusterConfig": ray_cluster_spec(
+                [worker_group("gpu", workers, pool=pool)], pool)}}
+
+
+def _cluster_name(api: client.ApiClient, namespace: str, kind: str, name: str) -> str | None:
+    status = get(api, namespace, kind, name).get("status") or {}
+    if kind == "RayJob":
+        return status.get("rayClusterName")
+    for key in ("activeServiceStatus", "pendingServiceStatus"):
+        value = (status.get(key) or {}).get("rayClusterName")
+        if value:
+            return str(value)
+    return None
+
+
+def _check_gang(api: client.ApiClient, core: client.CoreV1Api, namespace: str, kind: str,
+                name: str, pool: str, detail) -> str:
+    """The RayCluster of `kind/name` waits whole on a pool too small, then runs whole."""
+    cluster = wait_for(f"{kind} {name}'s RayCluster", lambda: _cluster_name(
+        api, namespace, kind, name), timeout=60)
+    pods = wait_pods(core, namespace, cluster, 3, timeout=60)
+    wait_for("the gang's pods grouped", lambda: all(
+        (p.metadata.annotations or {}).get("pod-group-name")
+        for p in ray_pods(core, namespace, cluster)), timeout=30, detail=detail)
+    pods = ray_pods(core, namespace, cluster)
+    pg = podgroup_of(api, namespace, pods[0])
+    owner = get(api, namespace, kind, name)
+    assert pg["metadata"]["name"] == f"pg-{name}-{owner['metadata']['uid']}"
+    assert pg["metadata"]["ownerReferences"][0]["kind"] == kind
+    assert pg["spec"]["minMember"] == 3 and pg["spec"]["queue"]
+    time.sleep(3 * CYCLE_S)  # one GPU in the pool, two needed: nothing may bind
+    assert bound(ray_pods(core, namespace, cluster)) == [], describe(core, namespace)
+    pool_nodes(api, 1, gpus=1, pool=pool, start=1)
+    wait_for(f"{kind} {name}: head + 2 workers running", lambda: len(running(ray_pods(
+        core, namespace, cluster))) == 3, timeout=60, detail=detail)
+    return cluster
+
+
+@pytest.mark.usefixtures("kuberay_operator")
+@pytest.mark.parametrize("mode", ["InteractiveMode", "HTTPMode"])
+def test_rayjob_cluster_is_one_gang(cluster, namespace, kai_scheduler, mode) -> None:
+    api = cluster.api_client()
+    core = client.CoreV1Api(api)
+    pool, _ = pool_nodes(api, 1, gpus=1)
+    qname = f"rj-{namespace[-5:]}"
+    created = create_queues(api, queue(qname))
+    detail = lambda: describe(core, namespace) + "\n" + kai_scheduler.log_tail()  # noqa: E731
+    try:
+        create(api, namespace, ray_job("job", qname, pool, 2, mode))
+        _check_gang(api, core, namespace, "RayJob", "job", pool, detail)
+    finally:
+        delete(api, namespace, "RayJob", "job")
+        delete_queues(api, created)
+
+
+@pytest.mark.usefixtures("kuberay_operator")
+def test_rayservice_cluster_is_one_gang(cluster, namespace, kai_scheduler) -> None:
+    api = cluster.api_client()
+    core = client.CoreV1Api(api)
+    pool, _ = pool_nodes(api, 1, gpus=1)
+    qname = f"rs-{namespace[-5:]}"
+    created = create_queues(api, queue(qname))
+    detail = lambda: describe(core, namespace) + "\n" + kai_scheduler.log_tail()  # noqa: E731
+    try:
+        create(api, namespace, ray_service("serve", qname, pool, 2))
+        _check_gang(api, core, namespace, "RayService", "serve", pool, detail)
+    finally:
+        delete(api, namespace, "RayService", "serve")
+        delete_queues(api, created)
+
+
+def _deployment_status(api: client.ApiClient, namespace: str, name: str) -> str | None:
+    return (get(api, namespace, "RayJob", name).get("status") or {}).get("jobDeploymentStatus")
+
+
+@pytest.mark.usefixtures("kuberay_operator")
+def test_preempted_sidecar_rayjob_is_suspended_and_resumes(cluster, namespace,
+                                                            kai_scheduler) -> None:
+    """KubeRay v1.6.2 does not re-create the head pod of a provisioned SidecarMode RayJob and
+    marks the RayJob Failed ("Ray head pod not found.") when it disappears, so evicting its
+    pods would kill the job (KAI issue #1401). kai-ray suspends the RayJob instead
+    (spec.suspend: KubeRay deletes its RayCluster) and resumes it when the gang fits again."""
+    api = cluster.api_client()
+    core = client.CoreV1Api(api)
+    ensure_priority_classes(api)
+    pool, _ = pool_nodes(api, 1, gpus=4)
+    suffix = namespace[-5:]
+    parent, leaf = f"jp-{suffix}", f"jl-{suffix}"
+    created = create_queues(api, queue(parent), queue(leaf, parent, gpu_quota=2, gpu_limit=2))
+    detail = lambda: (f"RayJob status: {get(api, namespace, 'RayJob', 'job').get('status')}\n"  # noqa: E731
+                      + describe(core, namespace) + "\n" + kai_scheduler.log_tail())
+    job = ray_job("job", leaf, pool, 2, "SidecarMode")
+    job["spec"]["shutdownAfterJobFinishes"] = True
+    job["metadata"]["labels"]["ray.io/priority-class-name"] = "train"
+    try:
+        create(api, namespace, job)
+        first = wait_for("the RayJob's cluster", lambda: _cluster_name(
+            api, namespace, "RayJob", "job"), timeout=60)
+        wait_for("RayJob Running on a running gang", lambda: _deployment_status(
+            api, namespace, "job") == "Running" and len(running(ray_pods(
+                core, namespace, first))) == 3, timeout=90, detail=detail)
+        pg_name = ray_pods(core, namespace, first)[0].metadata.annotations["pod-group-name"]
+
+        create(api, namespace, ray_cluster("build", leaf, [worker_group("gpu", 2, pool=pool)],
+                                           pool=pool, priority_class="build"))
+        wait_for("the RayJob suspended", lambda: _deployment_status(
+            api, namespace, "job") == "Suspended", timeout=60, detail=detail)
+        wait_for("build running", lambda: len(running(ray_pods(core, namespace, "build")))
+                 == 3, timeout=60, detail=detail)
+        assert ray_pods(core, namespace, first) == []
+        events = core.list_namespaced_event(
+            namespace, field_selector="involvedObject.kind=RayJob").items
+        assert any(e.reason == "Suspended" and "build" in e.message for e in events), [
+            (e.reason, e.message) for e in events]
+        # the gang's demand is still seen: the PodGroup says why it waits
+        pg = client.CustomObjectsApi(api).get_namespaced_custom_object(
+            "scheduling.run.ai", "v2alpha2", namespace, "podgroups", pg_name)
+        wait_for("the suspended gang's PodGroup condition", lambda: (client.CustomObjectsApi(
+            api).get_namespaced_custom_object("scheduling.run.ai", "v2alpha2", namespace,
+                                              "podgroups", pg_name).get("status") or {}).get(
+            "schedulingConditions"), timeout=30)
+        assert pg["metadata"]["name"] == pg_name
+
+        delete(api, namespace, "RayCluster", "build")
+        wait_for("the RayJob resumed on a new running gang", lambda: (
+            (name := _cluster_name(api, namespace, "RayJob", "job")) and name != first
+            and len(running(ray_pods(core, namespace, name))) == 3), timeout=120,
+            detail=detail)
+        assert get(api, namespace, "RayJob", "job")["spec"].get("suspend") is False
+        events = core.list_namespaced_event(
+            namespace, field_selector="involvedObject.kind=RayJob").items
+        assert any(e.reason == "Resumed" for e in events)
+    finally:
+        delete(api, namespace, "RayJob", "job")
+        delete(api, namespace, "RayCluster", "build")
+        delete_queues(api, created)
+
+
+@pytest.mark.usefixtures("kuberay_operator")
+def test_preempted_interactive_rayjob_gets_its_pods_back_from_kuberay(cluster, namespace,
+                                                                      kai_scheduler) -> None:
+    """An InteractiveMode RayJob waiting for its job id cannot be suspended (KubeRay suspends
+    only Running/Initializing RayJobs): its pods are evicted, and KubeRay v1.6.2 re-creates the
+    head and the workers (only SidecarMode clusters skip the head), which wait as a gang and run
+    again once room returns; the RayJob never fails."""
+    api = cluster.api_client()
+    core = client.CoreV1Api(api)
+    ensure_priority_classes(api)
+    pool, _ = pool_nodes(api, 1, gpus=4)
+    suffix = namespace[-5:]
+    parent, leaf = f"ip-{suffix}", f"il-{suffix}"
+    created = create_queues(api, queue(parent), queue(leaf, parent, gpu_quota=2, gpu_limit=2))
+    detail = lambda: (f"RayJob status: {get(api, namespace, 'RayJob', 'job').get('status')}\n"  # noqa: E731
+                      + describe(core, namespace) + "\n" + kai_scheduler.log_tail())
+    job = ray_job("job", leaf, pool, 2, "InteractiveMode")
+    job["metadata"]["labels"]["ray.io/priority-class-name"] = "train"
+    try:
+        create(api, namespace, job)
+        name = wait_for("the RayJob's cluster", lambda: _cluster_name(
+            api, namespace, "RayJob", "job"), timeout=60)
+        wait_for("the gang running", lambda: len(running(ray_pods(core, namespace, name)))
+                 == 3, timeout=60, detail=detail)
+        first = {p.metadata.uid for p in ray_pods(core, namespace, name)}
+        create(api, namespace, ray_cluster("build", leaf, [worker_group("gpu", 2, pool=pool)],
+                                           pool=pool, priority_class="build"))
+        wait_for("build running", lambda: len(running(ray_pods(core, namespace, "build")))
+                 == 3, timeout=60, detail=detail)
+        wait_for("KubeRay re-created head and workers", lambda: len(ray_pods(
+            core, namespace, name)) == 3 and not first & {p.metadata.uid for p in ray_pods(
+                core, namespace, name)}, timeout=60, detail=detail)
+        assert bound(ray_pods(core, namespace, name)) == []
+        assert _deployment_status(api, namespace, "job") not in ("Failed", "Suspended")
+        delete(api, namespace, "RayCluster", "build")
+        wait_for("the RayJob's gang runs again", lambda: len(running(ray_pods(
+            core, namespace, name))) == 3, timeout=90, detail=detail)
+        assert _deployment_status(api, namespace, "job") != "Failed"
+    finally:
+        delete(api, namespace, "RayJob", "job")
+        delete(api, namespace, "RayCluster", "build")
+        delete_queues(api, created)
