@@ -37,6 +37,11 @@ def _add_kubeconfig(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kubeconfig", help="kubeconfig path (default: $KUBECONFIG, ~/.kube/config)")
 
 
+def _add_scheduler_config(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="the scheduler's YAML configuration (placement, actions), "
+                                    "as given to `kai-ray run --config`; default: built-in")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kai-ray",
@@ -104,6 +109,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("queues", help="queue tree: quota, limit, weight, allocated, fair share")
     _add_kubeconfig(p)
     _add_output(p)
+    _add_scheduler_config(p)
     p.set_defaults(handler="queues")
 
     p = sub.add_parser("explain", help="why a pod or PodGroup is pending")
@@ -111,11 +117,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", "--namespace", default="default")
     _add_kubeconfig(p)
     _add_output(p)
+    _add_scheduler_config(p)
     p.set_defaults(handler="explain")
 
     p = sub.add_parser("snapshot", help="dump the live cluster to a scenario file")
     _add_kubeconfig(p)
     p.add_argument("-f", "--file", default="-", help="output path (default: stdout)")
+    _add_scheduler_config(p)
     p.set_defaults(handler="snapshot")
 
     p = sub.add_parser("webhook", help="the admission webhook alone (the chart's Deployment)")

@@ -304,7 +304,7 @@ def snapshot_of(scenario: Scenario, now: float = NOW) -> Snapshot:
             if t.node is not None and t.node not in node_names:
                 raise ScenarioError(f"scenario {scenario.id}: job {spec.name} task {i}: "
                                     f"unknown node {t.node!r}")
-            if t.state != "Pending" and t.state != "Failed" and t.node is None:
+            if t.state not in ("Pending", "Failed", "Gated") and t.node is None:
                 raise ScenarioError(f"scenario {scenario.id}: job {spec.name} task {i}: "
                                     f"state {t.state} needs a node")
             req = _request(spec.per_task, t)
