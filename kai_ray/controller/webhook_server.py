@@ -47,7 +47,7 @@ def cmd_webhook(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     hook.wait_ready(60)
-    log.info("kai-ray webhook ready on %s:%s", config.addr, config.port)
+    log.info("kai-ray webhook ready at %s", hook.url)
     code = 0
     while not stop.wait(0.5):
         if hook.error is not None or (hook._thread is not None and not hook._thread.is_alive()):

@@ -62,16 +62,16 @@ class Live:
     taken: float  # wall-clock time of the read
 
 
-def read_cluster(kubeconfig: str | None, timeout: float = 60.0) -> Live:
+def read_cluster(kubeconfig: str | None) -> Live:
+    """List every kind the scheduler watches once (no watch threads: a one-shot command must
+    exit cleanly) into the scheduler's own cache, and take its snapshot."""
     cache = ClusterCache(api_client(kubeconfig))
-    cache.start(timeout)
-    try:
-        snapshot, problems, podgroups = cache.snapshot()
-        pods = {f"{p['metadata'].get('namespace')}/{p['metadata']['name']}": p
-                for p in cache.pods.values()}
-        queues = {q["metadata"]["name"]: q for q in cache.queues.values()}
-    finally:
-        cache.stop()
+    for informer in cache.informers:
+        informer._list()
+    snapshot, problems, podgroups = cache.snapshot()
+    pods = {f"{p['metadata'].get('namespace')}/{p['metadata']['name']}": p
+            for p in cache.pods.values()}
+    queues = {q["metadata"]["name"]: q for q in cache.queues.values()}
     return Live(snapshot, problems, podgroups, pods, queues, time.time())
 
 
