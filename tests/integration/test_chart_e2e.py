@@ -13,8 +13,12 @@ with exactly the credentials the chart gives their pods.
 from __future__ import annotations
 
 import base64
+import http.client
 import json
 import os
+import re
+import socket
+import ssl
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -358,11 +362,51 @@ def test_webhook_runs_on_its_own_rbac(plane: ControlPlane, sa_kubeconfigs: dict[
         wait_for("webhook ready", lambda: "kai-ray webhook ready" in log.read_text()
                  or proc.poll() is not None, timeout=60, detail=log.read_text)
         assert proc.poll() is None, log.read_text()
+        port = int(re.search(r"ready at https://[\d.]+:(\d+)", log.read_text()).group(1))
+        # what the API server does through the Service: TLS to the Service's DNS name, trusting
+        # the configurations' caBundle, then an AdmissionReview
+        (tmp_path / "ca.crt").write_bytes(base64.b64decode(secret.data["ca.crt"]))
+        review = admission_review(pod("bad", "default-queue",
+                                      annotations={"gpu-fraction": "1.5"}))
+        answer = post_review(port, tmp_path / "ca.crt", "/validate-pod", review)
+        assert answer["response"]["allowed"] is False
+        assert "gpu-fraction" in answer["response"]["status"]["message"]
+        missing = admission_review(pod("lost", "no-such-queue"))
+        answer = post_review(port, tmp_path / "ca.crt", "/validate-pod", missing)
+        assert answer["response"]["allowed"] is False
+        assert "no-such-queue" in answer["response"]["status"]["message"]
+        good = admission_review(pod("fine", "default-queue", annotations={"gpu-fraction": "0.5"}))
+        answer = post_review(port, tmp_path / "ca.crt", "/mutate-pod", good)
+        assert answer["response"]["allowed"] is True and answer["response"].get("patch")
     finally:
         proc.terminate()
         proc.wait(15)
     text = log.read_text()
     assert "Forbidden" not in text and "403" not in text, text
+
+
+def admission_review(obj: dict[str, Any]) -> dict[str, Any]:
+    obj = {**obj, "metadata": {**obj["metadata"], "namespace": "default"}}
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+            "request": {"uid": "00000000-0000-0000-0000-000000000001",
+                        "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                        "resource": {"group": "", "version": "v1", "resource": "pods"},
+                        "namespace": "default", "operation": "CREATE", "object": obj,
+                        "userInfo": {"username": "test"}, "dryRun": False}}
+
+
+def post_review(port: int, ca: Path, path: str, review: dict[str, Any]) -> dict[str, Any]:
+    ctx = ssl.create_default_context(cafile=str(ca))
+    conn = http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=10)
+    # the certificate is for the Service's DNS name: check it as the API server does
+    conn.sock = ctx.wrap_socket(socket.create_connection(("127.0.0.1", port), timeout=10),
+                                server_hostname="kai-ray-webhook.kai-ray.svc")
+    conn.request("POST", path, json.dumps(review), {"Content-Type": "application/json"})
+    resp = conn.getresponse()
+    body = resp.read()
+    assert resp.status == 200, body
+    result: dict[str, Any] = json.loads(body)
+    return result
 
 
 # ------------------------------------------------------------------------------ explain
