@@ -101,3 +101,10 @@ def test_explain_names_the_cause_with_numbers(job: str, reason: str, needle: str
     if reason == "Unschedulable":
         assert doc["nodes_failed"] == {"didn't have enough resources: GPUs": 2}
         assert doc["nodes"]["most_free_gpus"] == 4
+
+
+def test_a_bare_name_falls_back_to_the_podgroup() -> None:
+    live = Live(_snapshot(), [], {"a-big": {"metadata": {"name": "a-big"}}}, {}, {}, 100.0)
+    assert explain(live, config_of_default(), "default", "a-big")["reason"] == "OverLimit"
+    missing = explain(live, config_of_default(), "default", "nothing")
+    assert missing["found"] is False and "pod default/nothing not found" in missing["summary"]

@@ -337,7 +337,10 @@ def _node_changes(snapshot: Snapshot, job: Job, pending: list[str]) -> tuple[dic
 def explain(live: Live, config: SchedulerConfig, namespace: str, target: str) -> dict[str, Any]:
     """Why the pod or PodGroup `target` (POD, pod/NAME, podgroup/NAME, pg/NAME) is pending."""
     kind, _, name = target.rpartition("/")
-    kind = (kind or "pod").lower()
+    if not kind:  # a bare name: the pod, else the PodGroup of that name
+        pod_exists = f"{namespace}/{name}" in live.pods
+        kind = "pod" if pod_exists or name not in live.podgroups else "podgroup"
+    kind = kind.lower()
     if kind not in ("pod", "pods", "po", "podgroup", "podgroups", "pg"):
         raise SystemExit(f"kai-ray explain: {target!r}: expected POD, pod/NAME or podgroup/NAME")
     out: dict[str, Any] = {"target": f"{kind}/{name}", "namespace": namespace}
