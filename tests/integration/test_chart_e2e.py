@@ -21,6 +21,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -149,7 +150,8 @@ def scheduler(plane: ControlPlane, sa_kubeconfigs: dict[str, Path], no_webhook_c
 
 @pytest.fixture
 def ns(plane: ControlPlane, request: pytest.FixtureRequest) -> Iterator[str]:
-    name = f"e2e-{request.node.name.lower().replace('_', '-')[:40].strip('-')}"
+    slug = request.node.name.lower().replace("_", "-")[:36].strip("-")
+    name = f"e2e-{slug}-{uuid.uuid4().hex[:5]}"  # the last 5 characters name test queues
     core = client.CoreV1Api(plane.api_client())
     core.create_namespace({"metadata": {"name": name}})
     plane.wait_service_account(name)
@@ -340,6 +342,44 @@ def test_scheduler_with_the_charts_rbac_schedules(plane: ControlPlane, scheduler
     assert any("GPU_PORTION" in (cm.data or {}) for cm in cms)
     lease = client.CoordinationV1Api(api).read_namespaced_lease("kai-ray-scheduler", NS)
     assert lease.spec.holder_identity
+    assert "Forbidden" not in scheduler.log_tail(100000)
+
+
+@pytest.mark.kuberay
+def test_scheduler_with_the_charts_rbac_schedules_a_raycluster(
+        plane: ControlPlane, scheduler: KaiRayProcess, ns: str) -> None:
+    """The real KubeRay operator (--batch-scheduler=kai-scheduler) and the repo's RayCluster
+    sample, unchanged: the grouper walks pod -> RayCluster (RBAC get on ray.io), makes one gang
+    of head + 2 half-GPU workers, and the scheduler binds all three on its ServiceAccount."""
+    from kai_ray.testing.kuberay import start_kuberay_operator
+
+    _bins()
+    binaries.require("ray-operator")
+    start_kuberay_operator(plane)
+    api = plane.api_client()
+    pool_nodes(api, 1, gpus=4)  # room even when this test runs alone
+    create_queues(api, queue("team-a", "default-parent-queue"))
+    plane.kubectl("apply", "-n", ns, "-f",
+                  str(ROOT / "ray_samples" / "raycluster-gpu-fraction-capped.yaml"))
+    core = client.CoreV1Api(api)
+
+    def ray_pods() -> list[Any]:
+        return core.list_namespaced_pod(
+            ns, label_selector="ray.io/cluster=raycluster-half-gpu-capped").items
+
+    def why() -> str:
+        names = [p.metadata.name for p in ray_pods()]
+        return "\n".join(kai_ray("explain", n, "-n", ns, kubeconfig=plane.kubeconfig,
+                                  check=False).stdout for n in names) + scheduler.log_tail()
+
+    wait_for("head and two workers bound", lambda: len(ray_pods()) == 3 and all(
+        p.spec.node_name for p in ray_pods()), timeout=90, detail=why)
+    groups = {(p.metadata.annotations or {}).get("pod-group-name") for p in ray_pods()}
+    assert len(groups) == 1 and None not in groups
+    pg = client.CustomObjectsApi(api).get_namespaced_custom_object(*PG[:2], ns, PG[2],
+                                                                   groups.pop())
+    assert pg["spec"]["minMember"] == 3 and pg["spec"]["queue"] == "team-a"
+    assert pg["metadata"]["ownerReferences"][0]["kind"] == "RayCluster"
     assert "Forbidden" not in scheduler.log_tail(100000)
 
 
