@@ -318,7 +318,8 @@ def _node_changes(snapshot: Snapshot, job: Job, pending: list[str]) -> tuple[dic
     changes: list[str] = []
     if per_pod:
         fitting = sorted(n for n, f in eligible.items() if f >= per_pod)
-        best = max(eligible.items(), key=lambda kv: (kv[1], kv[0]), default=(None, 0))
+        # the node with the most free GPUs, the first by name among equals
+        best = max(sorted(eligible.items()), key=lambda kv: kv[1], default=(None, 0))
         facts.update(nodes_with_enough_free_gpus=len(fitting), most_free_gpus=best[1],
                      most_free_node=best[0], free_gpus_total=sum(max(0, f)
                                                                  for f in eligible.values()))
