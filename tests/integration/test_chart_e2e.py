@@ -208,6 +208,25 @@ def test_helm_install_creates_every_object(plane: ControlPlane, release: dict[st
     assert leaf["spec"]["parentQueue"] == "default-parent-queue"
 
 
+def test_upgrade_keeps_the_webhook_certificate(plane: ControlPlane,
+                                               release: dict[str, Any]) -> None:
+    """helm upgrade re-renders the templates; the self-signed CA must survive it (lookup), or
+    the configurations' caBundle would stop matching the running webhook's certificate. (The
+    CRD hook is off here: its Job cannot run without a kubelet; test_apply_crds_* covers it.)"""
+    core = client.CoreV1Api(plane.api_client())
+    before = core.read_namespaced_secret("kai-ray-webhook-tls", NS).data
+    helm(plane, "upgrade", RELEASE, str(CHART), "-n", NS, "--set", "crdUpgrade.enabled=false",
+         "--set", "scheduler.cyclePeriodSeconds=2")
+    after = core.read_namespaced_secret("kai-ray-webhook-tls", NS).data
+    assert after == before
+    adm = client.AdmissionregistrationV1Api(plane.api_client())
+    hook = adm.read_validating_webhook_configuration("kai-ray-admission").webhooks[0]
+    assert hook.client_config.ca_bundle == before["ca.crt"]
+    cm = core.read_namespaced_config_map("kai-ray-scheduler", NS)
+    assert "cyclePeriodSeconds: 2" in cm.data["config.yaml"]
+    helm(plane, "upgrade", RELEASE, str(CHART), "-n", NS, "--set", "crdUpgrade.enabled=false")
+
+
 def test_apply_crds_with_the_upgrade_hooks_rbac(plane: ControlPlane, release: dict[str, Any],
                                                 tmp_path: Path) -> None:
     """The pre-upgrade hook's ServiceAccount and role (created here from the chart, as Helm
