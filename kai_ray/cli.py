@@ -74,6 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
     pk.add_argument("--policy", action="append", help="policy name (repeatable; default: all)")
     pk.add_argument("--data-dir", help="directory holding the openb CSV files")
     pk.add_argument("--plot", help="PNG path for the curves")
+    pk.add_argument("--workers", type=int, default=2, help="parallel runs (at most 2)")
+    pk.add_argument("--save", help="also write every run's curves to this JSON file")
     _add_output(pk)
     pk.set_defaults(handler="bench-packing")
 

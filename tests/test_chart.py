@@ -155,6 +155,7 @@ def test_priority_classes_are_kais(helm: str) -> None:
 
 def test_scheduler_values_reach_kai_ray_run(helm: str, tmp_path: Path) -> None:
     docs = render(helm, "scheduler.placement.gpu=spread", "scheduler.cyclePeriodSeconds=3",
+                  "scheduler.gpuPacking=lookahead",
                   "scheduler.maxConsolidationPreemptees=4", "metrics.port=9100")
     config = by_kind(docs, "ConfigMap")["kai-ray-scheduler"]["data"]["config.yaml"]
     path = tmp_path / "config.yaml"
@@ -163,6 +164,7 @@ def test_scheduler_values_reach_kai_ray_run(helm: str, tmp_path: Path) -> None:
     assert loop.period_s == 3
     assert loop.core.placement.gpu == "spread" and loop.core.placement.cpu == "binpack"
     assert loop.core.max_consolidation_preemptees == 4
+    assert loop.core.gpu_packing == "lookahead"
     args = by_kind(docs, "Deployment")["kai-ray-scheduler"]["spec"]["template"]["spec"][
         "containers"][0]["args"]
     assert args[0] == "scheduler"
@@ -204,3 +206,13 @@ def test_entrypoint_dispatches_to_kai_ray(tmp_path: Path) -> None:
         out = subprocess.run(["sh", str(ROOT / "operator" / "entrypoint.sh"), *args],
                              capture_output=True, text=True, env=env, check=True)
         assert out.stdout.strip() == want
+
+
+def test_schema_knows_every_gpu_packing_policy() -> None:
+    import json
+
+    from kai_ray.core.packing import POLICIES
+
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    enum = schema["properties"]["scheduler"]["properties"]["gpuPacking"]["enum"]
+    assert sorted(enum) == sorted(POLICIES)

@@ -108,3 +108,17 @@ def test_a_bare_name_falls_back_to_the_podgroup() -> None:
     assert explain(live, config_of_default(), "default", "a-big")["reason"] == "OverLimit"
     missing = explain(live, config_of_default(), "default", "nothing")
     assert missing["found"] is False and "pod default/nothing not found" in missing["summary"]
+
+
+def test_snapshot_keeps_the_gpu_packing_policy(tmp_path: Path) -> None:
+    import dataclasses
+
+    (scenario,) = [s for s in load(SCENARIO_FILES[2]) if s.run != "fairshare_only"][:1]
+    config = dataclasses.replace(config_of(scenario), gpu_packing="lookahead")
+    original = snapshot_of(scenario)
+    path = tmp_path / "snap.yaml"
+    path.write_text(yaml.safe_dump({"scenarios": [scenario_of(original, config, NOW)]}))
+    (replayed,) = load(path)
+    assert config_of(replayed).gpu_packing == "lookahead"
+    assert predicted(schedule(snapshot_of(replayed), config_of(replayed), NOW)) == \
+        predicted(schedule(original, config, NOW))

@@ -20,6 +20,7 @@ from kai_ray.controller.podgrouper import PodGrouper
 from kai_ray.controller.scheduler_loop import LoopConfig, SchedulerLoop
 from kai_ray.controller.webhook import WebhookConfig, start_webhook
 from kai_ray.core.model import NodePlacement, SchedulerConfig
+from kai_ray.core.packing import POLICIES
 from kai_ray.grouping import GroupingConfig
 from kai_ray.k8s.cache import ClusterCache
 
@@ -41,14 +42,14 @@ def api_client(kubeconfig: str | None, pool_size: int = 32) -> client.ApiClient:
 
 
 def load_config(path: str | None) -> LoopConfig:
-    """YAML: {cyclePeriodSeconds, placement: {gpu, cpu}, stalenessGracePeriodSeconds,
+    """YAML: {cyclePeriodSeconds, placement: {gpu, cpu}, gpuPacking, stalenessGracePeriodSeconds,
     actions: [...], maxConsolidationPreemptees}. Unknown keys are an error."""
     cfg = LoopConfig()
     if not path:
         return cfg
     raw: dict[str, Any] = yaml.safe_load(Path(path).read_text()) or {}
     known = {"cyclePeriodSeconds", "placement", "stalenessGracePeriodSeconds", "actions",
-             "maxConsolidationPreemptees"}
+             "maxConsolidationPreemptees", "gpuPacking"}
     unknown = set(raw) - known
     if unknown:
         raise SystemExit(f"kai-ray run: {path}: unknown key(s) {sorted(unknown)}; "
@@ -58,7 +59,12 @@ def load_config(path: str | None) -> LoopConfig:
         if key not in ("gpu", "cpu") or value not in ("binpack", "spread"):
             raise SystemExit(f"kai-ray run: {path}: placement.{key}: expected binpack|spread, "
                              f"got {value!r}")
+    packing_policy = raw.get("gpuPacking", "kai")
+    if packing_policy not in POLICIES:
+        raise SystemExit(f"kai-ray run: {path}: gpuPacking: expected one of {list(POLICIES)}, "
+                         f"got {packing_policy!r}")
     core = SchedulerConfig(
+        gpu_packing=packing_policy,
         placement=NodePlacement(gpu=placement.get("gpu", "binpack"),
                                 cpu=placement.get("cpu", "binpack")),
         staleness_grace_period_s=float(raw.get("stalenessGracePeriodSeconds", 60)),
@@ -76,7 +82,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     loop_config = load_config(getattr(args, "config", None))
     metrics = SchedulerMetrics()
     cache = ClusterCache(api)
-    cache.start()
+    try:
+        cache.start()
+    except (RuntimeError, TimeoutError) as e:
+        print(f"kai-ray run: {e}", file=sys.stderr)
+        return 2
     loop = SchedulerLoop(api, cache, loop_config, grouper=None,
                          on_cycle=lambda r: metrics.record_cycle(r, r.action_seconds.get("cycle")))
     loop.grouper = PodGrouper(api, cache, loop.events)

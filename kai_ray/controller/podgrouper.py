@@ -5,8 +5,10 @@ kai_ray.grouping; this module only reads owners and writes objects."""
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from kubernetes import client, dynamic
@@ -27,7 +29,7 @@ RESYNC_SECONDS = 10.0
 
 class PodGrouper:
     def __init__(self, api: client.ApiClient, cache: ClusterCache, events: EventRecorder,
-                 config: GroupingConfig | None = None) -> None:
+                 config: GroupingConfig | None = None, workers: int = 8) -> None:
         self.api = api
         self.cache = cache
         self.events = events
@@ -38,12 +40,15 @@ class PodGrouper:
         self._namespaces: dict[str, tuple[float, Mapping[str, str]]] = {}
         self._last_resync = 0.0
         self.retry: set[str] = set()
+        self._retry_lock = threading.Lock()
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grouper")
 
     # ------------------------------------------------------------------ reads
     def get_owner(self, api_version: str, kind: str, namespace: str, name: str
                   ) -> Mapping[str, Any] | None:
-        if self._dynamic is None:
-            self._dynamic = dynamic.DynamicClient(self.api)
+        with self._retry_lock:  # discovery once, not once per thread
+            if self._dynamic is None:
+                self._dynamic = dynamic.DynamicClient(self.api)
         try:
             resource = self._dynamic.resources.get(api_version=api_version, kind=kind)
             obj = resource.get(name=name, namespace=namespace if resource.namespaced else None)
@@ -71,8 +76,9 @@ class PodGrouper:
         """Group the pods that changed (and, every few seconds, one pod per PodGroup, so owner
         changes such as a RayCluster's minReplicas reach the PodGroup). Returns pods handled."""
         dirty = set(self.cache.take_dirty_pods())
-        keys = dirty | self.retry
-        self.retry = set()
+        with self._retry_lock:
+            keys = dirty | self.retry
+            self.retry = set()
         now = time.monotonic()
         if now - self._last_resync > RESYNC_SECONDS:
             self._last_resync = now
@@ -85,7 +91,7 @@ class PodGrouper:
                     keys.add(f"{m.get('namespace')}/{m['name']}")
         existing = {(pg["metadata"].get("namespace"), pg["metadata"]["name"])
                     for pg in self.cache.podgroups.values()}
-        handled = 0
+        todo = []
         for key in sorted(keys):
             pod = self.cache.pods.get(key)
             if pod is None or not should_group(pod, self.config):
@@ -95,18 +101,24 @@ class PodGrouper:
             if group and (m.get("namespace"), group) in existing and key in dirty \
                     and key not in keys - dirty:
                 continue  # a status update of an already grouped pod
-            try:
-                self._group(pod)
-                handled += 1
-            except RayClusterPending as e:
-                log.info("%s", e)
-                self.retry.add(key)
-            except GroupingError as e:
-                self.events.emit(pod, "PodGrouperWarning", str(e), type_="Warning")
-            except ApiException as e:
-                log.warning("grouping %s failed: %s %s", key, e.status, e.reason)
-                self.retry.add(key)
-        return handled
+            todo.append((key, pod))
+        # pods are independent (two pods of one owner meet at the PodGroup create: 409 is fine)
+        return sum(self.pool.map(lambda item: self._group_one(*item), todo))
+
+    def _group_one(self, key: str, pod: Obj) -> int:
+        try:
+            self._group(pod)
+            return 1
+        except RayClusterPending as e:
+            log.info("%s", e)
+        except GroupingError as e:
+            self.events.emit(pod, "PodGrouperWarning", str(e), type_="Warning")
+            return 0
+        except ApiException as e:
+            log.warning("grouping %s failed: %s %s", key, e.status, e.reason)
+        with self._retry_lock:
+            self.retry.add(key)
+        return 0
 
     def _group(self, pod: Obj) -> None:
         owners = resolve_top_owner(pod, self.get_owner)

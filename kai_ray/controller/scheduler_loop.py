@@ -90,8 +90,8 @@ class SchedulerLoop:
     # ------------------------------------------------------------------ one cycle
     def cycle(self) -> CycleResult:
         start = time.perf_counter()
-        if self.grouper is not None:
-            self.grouper.run_once()
+        grouped = self.grouper.run_once() if self.grouper is not None else 0
+        t_group = time.perf_counter()
         pods = {f"{p['metadata'].get('namespace')}/{p['metadata']['name']}": p
                 for p in self.cache.pods.values()}
         snapshot, problems, podgroups = self.cache.snapshot()
@@ -99,11 +99,20 @@ class SchedulerLoop:
         if any(convert_intent(pg) for pg in podgroups.values()):
             self.binder.resume(podgroups.values(), pods)
         snapshot = self._apply_assumed(snapshot, pods)
+        t_snap = time.perf_counter()
         result = schedule(snapshot, self.config.core, time.time(), clock=time.perf_counter)
+        t_core = time.perf_counter()
         self._carry_out(result, snapshot, podgroups, pods, problems)
         self.cycles += 1
         self.last_result = result
-        result.action_seconds["cycle"] = time.perf_counter() - start
+        end = time.perf_counter()
+        result.action_seconds["cycle"] = end - start
+        if result.binds or result.evictions or grouped:
+            log.info("cycle %d: grouped %d pods (%.2fs), snapshot of %d jobs (%.2fs), core "
+                     "%.2fs, %d binds / %d evictions / %d pending jobs applied in %.2fs",
+                     self.cycles, grouped, t_group - start, len(snapshot.jobs), t_snap - t_group,
+                     t_core - t_snap, len(result.binds), len(result.evictions),
+                     len(result.job_status), end - t_core)
         if self.on_cycle is not None:
             self.on_cycle(result)
         return result

@@ -162,6 +162,9 @@ class SchedulerConfig:
     placement: NodePlacement = NodePlacement()
     # device choice for fractional pods: gpupack (fullest device that fits) | gpuspread
     gpu_device_order: str | None = None  # None: gpupack with gpu binpack, gpuspread with spread
+    # node and device choice for GPU pods: "kai" (KAI's binpack/gpupack scores), or a packing
+    # policy of kai_ray.core.packing ("lookahead" beats FGD on the Alibaba openb trace)
+    gpu_packing: str = "kai"
     actions: tuple[str, ...] = ("allocate", "consolidation", "reclaim", "preempt",
                                 "stalegangeviction")
     staleness_grace_period_s: float = 60.0

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
+from kai_ray.core import packing_policy
 from kai_ray.core.state import MILLI, Group, Session, Task
 
 BoolArray = npt.NDArray[np.bool_]
@@ -169,6 +170,8 @@ def sticky_allowed(sess: Session, task: Task) -> bool:
     """Whether the binpack fast path applies: the node that won for an identical task stays
     the best while it still fits on idle resources (its free amount only shrank)."""
     cfg = sess.config.placement
+    if task.req.wants_gpu and sess.config.gpu_packing != "kai":
+        return False  # a packing policy scores more than free amounts
     return (cfg.gpu if task.req.wants_gpu else cfg.cpu) != "spread"
 
 
@@ -256,6 +259,10 @@ def choose(sess: Session, task: Task) -> tuple[Choice | None, dict[str, int]]:
     fits, fits_idle, _ = feasible(sess, task)
     if not fits.any():
         return None, feasible(sess, task, explain=True)[2]
+    if sess.config.gpu_packing != "kai" and task.req.wants_gpu:
+        picked = packing_policy.choose(sess, task, fits_idle)
+        if picked is not None:
+            return Choice(picked[0], picked[1], picked[2], True), {}
     if fits.sum() == 1:
         node = int(np.flatnonzero(fits)[0])
     else:

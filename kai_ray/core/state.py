@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -298,6 +299,8 @@ class Session:
         self.group_seq = 0
         self.undo: list[tuple[object, ...]] = []
         self.job_errors: dict[str, JobError] = {}
+        # the last placement and the undo length right after it (binpack fast path, common.py)
+        self.sticky: tuple[Any, int] | None = None
         self.evict_info: dict[int, EvictInfo] = {}
 
         self.jobs: dict[str, JobState] = {}

@@ -108,6 +108,9 @@ class Binder:
             pg = podgroups.get(job)
             if pg is None:
                 return 0
+            if len(binds) == 1:
+                # one Binding is atomic: nothing can be left half done, no intent needed
+                return self._bind_gang(pg, binds, pods, intent=False)
             try:
                 self.write_intent(pg, binds)
             except ApiException as e:
@@ -122,7 +125,8 @@ class Binder:
         futures = [self.pool.submit(one, job, binds) for job, binds in by_job.items()]
         return sum(f.result() for f in futures)
 
-    def _bind_gang(self, pg: Obj, binds: list[Bind], pods: dict[str, Obj]) -> int:
+    def _bind_gang(self, pg: Obj, binds: list[Bind], pods: dict[str, Obj],
+                   intent: bool = True) -> int:
         finished: list[str] = []
         done = 0
         for b in binds:
@@ -151,11 +155,11 @@ class Binder:
             self.bound_total += 1
             self.events.emit(pod, "Scheduled",
                              f"Successfully assigned {b.namespace}/{b.pod} to {b.node}")
-        if finished:
-            intent = convert.bind_intent(pg)
+        if finished and intent:
+            pending = convert.bind_intent(pg)
             for name in finished:
-                intent.pop(name, None)
-            value = json.dumps(intent) if intent else None
+                pending.pop(name, None)
+            value = json.dumps(pending) if pending else None
             try:
                 self._patch_pg_annotations(pg, {convert.BIND_INTENT_ANNOTATION: value})
             except ApiException as e:

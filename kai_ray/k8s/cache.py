@@ -160,7 +160,21 @@ class ClusterCache:
             keys, self.dirty_pods = sorted(self.dirty_pods), set()
         return keys
 
+    def check_crds(self) -> None:
+        """Fail with instructions when KAI's CRDs are missing, instead of waiting forever."""
+        for inf, crd in ((self.podgroups, "podgroups.scheduling.run.ai"),
+                         (self.queues, "queues.scheduling.run.ai")):
+            try:
+                inf.list_fn(limit=1, _preload_content=False)
+            except ApiException as e:
+                if e.status == 404:
+                    raise RuntimeError(
+                        f"the {crd} CRD is not installed in this cluster; install kai-ray's "
+                        "CRDs first (helm install, or kubectl apply -f kai_ray/k8s/crds/)") from e
+                raise
+
     def start(self, timeout: float = 60.0) -> None:
+        self.check_crds()
         for inf in self.informers:
             inf.start()
         deadline = time.monotonic() + timeout

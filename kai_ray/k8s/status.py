@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from typing import Any
 
@@ -42,7 +43,8 @@ def resource_list(values: tuple[float, float, float]) -> dict[str, str]:
 
 
 class StatusWriter:
-    def __init__(self, api: client.ApiClient, events: EventRecorder) -> None:
+    def __init__(self, api: client.ApiClient, events: EventRecorder, workers: int = 8) -> None:
+        self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="status")
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.events = events
@@ -51,7 +53,7 @@ class StatusWriter:
     # ------------------------------------------------------------------ pending work
     def pending(self, result: CycleResult, podgroups: dict[str, Obj],
                 pods: dict[str, Obj]) -> None:
-        for status in result.job_status.values():
+        def one(status: JobStatus) -> None:
             pg = podgroups.get(status.job)
             for name in status.pending_pods:
                 pod = pods.get(f"{status.namespace}/{name}")
@@ -59,6 +61,8 @@ class StatusWriter:
                     self._pod_unschedulable(pod, status, pg)
             if pg is not None:
                 self._podgroup_unschedulable(pg, status)
+
+        list(self.pool.map(one, result.job_status.values()))
 
     def _pod_unschedulable(self, pod: Obj, status: JobStatus, pg: Obj | None) -> None:
         message = f"{status.reason}: {status.message}" if status.reason not in (
@@ -127,8 +131,10 @@ class StatusWriter:
                                  api_version=f"{PG_GROUP}/{PG_VERSION}")
 
     def started(self, jobs: Iterable[str], podgroups: dict[str, Obj]) -> None:
-        for job in jobs:
-            self._annotate(podgroups.get(job), convert.LAST_START_ANNOTATION, _now())
+        now = _now()
+        list(self.pool.map(
+            lambda job: self._annotate(podgroups.get(job), convert.LAST_START_ANNOTATION, now),
+            jobs))
 
     def _annotate(self, pg: Obj | None, key: str, value: str | None) -> None:
         if pg is None:

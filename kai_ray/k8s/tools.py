@@ -37,6 +37,7 @@ from kai_ray.core.model import (
     SchedulerConfig,
     Snapshot,
 )
+from kai_ray.core.packing import POLICIES
 from kai_ray.core.result import CycleResult, QueueShare
 from kai_ray.core.schedule import schedule
 from kai_ray.k8s import convert
@@ -46,7 +47,7 @@ from kai_ray.k8s.client import api_client
 Obj = dict[str, Any]
 _RESOURCES = ("cpu", "memory", "gpu")  # QueueShare tuple order
 _CONFIG_KEYS = {"cyclePeriodSeconds", "placement", "stalenessGracePeriodSeconds", "actions",
-                "maxConsolidationPreemptees"}
+                "maxConsolidationPreemptees", "gpuPacking"}
 
 
 # --------------------------------------------------------------------------------- live state
@@ -90,8 +91,12 @@ def scheduler_config(path: str | None) -> SchedulerConfig:
     for key, value in placement.items():
         if key not in ("gpu", "cpu") or value not in ("binpack", "spread"):
             raise SystemExit(f"{path}: placement.{key}: expected binpack|spread, got {value!r}")
+    packing = raw.get("gpuPacking", "kai")
+    if packing not in POLICIES:
+        raise SystemExit(f"{path}: gpuPacking: expected one of {list(POLICIES)}, got {packing!r}")
     default = SchedulerConfig()
     return SchedulerConfig(
+        gpu_packing=packing,
         placement=NodePlacement(gpu=placement.get("gpu", "binpack"),
                                 cpu=placement.get("cpu", "binpack")),
         staleness_grace_period_s=float(raw.get("stalenessGracePeriodSeconds",
@@ -611,6 +616,7 @@ def scenario_of(snapshot: Snapshot, config: SchedulerConfig, now: float,
             "staleness_grace_period_s": config.staleness_grace_period_s,
             "actions": list(config.actions),
             "max_consolidation_preemptees": config.max_consolidation_preemptees,
+            "gpu_packing": config.gpu_packing,
         },
         "nodes": nodes,
         "queues": queues,

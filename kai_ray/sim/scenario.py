@@ -25,6 +25,7 @@ from kai_ray.core.model import (
     Snapshot,
     SubGroup,
 )
+from kai_ray.core.packing import POLICIES
 
 DEFAULT_CPU_M = 20_000_000
 DEFAULT_MEMORY = 20_000_000_000
@@ -141,6 +142,7 @@ class ConfigSpec(_Strict):
     staleness_grace_period_s: float | None = None
     actions: list[str] | None = None
     max_consolidation_preemptees: int | None = Field(None, ge=0)
+    gpu_packing: str | None = None  # kai_ray.core.packing.POLICIES; default "kai"
 
 
 class ExpectSpec(_Strict):
@@ -275,9 +277,15 @@ def config_of(scenario: Scenario) -> SchedulerConfig:
     preemptees = SchedulerConfig().max_consolidation_preemptees
     if cfg is not None and cfg.max_consolidation_preemptees is not None:
         preemptees = cfg.max_consolidation_preemptees
+    packing = "kai"
+    if cfg is not None and cfg.gpu_packing is not None:
+        if cfg.gpu_packing not in POLICIES:
+            raise ScenarioError(f"scenario {scenario.id}: config.gpu_packing: "
+                                f"{cfg.gpu_packing!r} is not one of {list(POLICIES)}")
+        packing = cfg.gpu_packing
     return SchedulerConfig(placement=placement, gpu_device_order=device_order,
                            staleness_grace_period_s=grace, actions=actions,
-                           max_consolidation_preemptees=preemptees)
+                           max_consolidation_preemptees=preemptees, gpu_packing=packing)
 
 
 NOW = 10_000.0

@@ -10,6 +10,8 @@ import sys
 import time
 from pathlib import Path
 
+from kai_ray.testing import procs
+
 
 class KaiRayProcess:
     def __init__(self, kubeconfig: Path, workdir: Path, extra_args: list[str] | None = None
@@ -25,14 +27,12 @@ class KaiRayProcess:
         return self.workdir / f"kai-ray-run-{self.starts}.log"
 
     def start(self) -> None:
+        """Start it in its own process group, tied to our life (it dies if the test dies)."""
         self.starts += 1
-        log = open(self.log_path, "wb")  # noqa: SIM115 - owned by the child for its lifetime
-        self.proc = subprocess.Popen(
+        self.proc = procs.spawn(
             [sys.executable, "-m", "kai_ray.cli", "run", "--kubeconfig", str(self.kubeconfig),
-             *self.extra_args],
-            stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+             *self.extra_args], self.log_path, detached=False,
             env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        log.close()
 
     def kill(self) -> None:
         """SIGKILL: no chance to clean up, as in a crash."""

@@ -78,7 +78,8 @@ def clusters(draw):
     first = make_jobs("a", draw(st.integers(1, 6)), 0.0)
     later = make_jobs("b", draw(st.integers(1, 6)), 100.0)
     placement = draw(st.sampled_from(["binpack", "spread"]))
-    return nodes, tuple(queues), first, later, placement
+    policy = draw(st.sampled_from(["kai", "kai", "lookahead", "fgd", "best_fit"]))
+    return nodes, tuple(queues), first, later, (placement, policy)
 
 
 def _bound(outcome_status: str) -> bool:
@@ -139,9 +140,10 @@ def _check_limits(snapshot: Snapshot, result) -> None:
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(clusters())
 def test_invariants(cluster):
-    nodes, queues, first, later, placement = cluster
+    nodes, queues, first, later, (placement, policy) = cluster
     config = SchedulerConfig(placement=dataclasses.replace(SchedulerConfig().placement,
-                                                           gpu=placement, cpu=placement))
+                                                           gpu=placement, cpu=placement),
+                             gpu_packing=policy)
     snapshot = Snapshot(nodes, queues, tuple(first))
     result = schedule(snapshot, config, 0.0)
     _check_capacity(snapshot, result)

@@ -40,8 +40,11 @@ def place_tasks(sess: Session, job: JobState, tasks: list[Task], pipeline_only: 
         return False
     checkpoint = sess.checkpoint()
     placed: list[Task] = []
-    # previous task, its node, whether it fit on idle resources, its node's sharing bonus
+    # previous task, its node, whether it fit on idle resources, its node's sharing bonus; it
+    # carries over from the previous job when nothing else changed since (same undo length)
     last: tuple[Task, int, bool, bool] | None = None
+    if sess.sticky is not None and sess.sticky[1] == len(sess.undo):
+        last = sess.sticky[0]
     for task in tasks:
         choice = None
         if last is not None and _same_shape(last[0], task) and placement.sticky_allowed(sess, task):
@@ -63,6 +66,7 @@ def place_tasks(sess: Session, job: JobState, tasks: list[Task], pipeline_only: 
         pipelined = pipeline_only or not choice.on_idle
         sess.allocate(task, choice.node, choice.groups, pipelined=pipelined)
         placed.append(task.moved or task)
+        sess.sticky = (last, len(sess.undo))
     if not pipeline_only:
         _pipeline_whole_gang_if_needed(sess, job, placed)
     return True

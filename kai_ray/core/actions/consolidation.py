@@ -3,10 +3,12 @@ preemptible job (kai-spec §6.7)."""
 
 from __future__ import annotations
 
+import numpy as np
+
 from kai_ray.core.actions.allocate import schedulable_jobs
 from kai_ray.core.actions.solver import FailedJobs, Solver
 from kai_ray.core.ordering import JobQueue, job_request
-from kai_ray.core.state import JobState, Session, Task
+from kai_ray.core.state import MILLI, JobState, Session, Task
 
 
 def _message(task: Task, preemptor: JobState) -> str:
@@ -27,8 +29,8 @@ def run(sess: Session) -> None:
             continue
         need = job_request(sess, job)[2]
         free_gpus = float(sess.free_gpu()[sess.schedulable].sum())
-        free_gpus += sum((1000 - g.used + g.releasing) / 1000
-                         for node in range(len(sess.nodes)) for g in sess.groups[node].values())
+        shared_free = np.where(sess.dev_on, MILLI - sess.dev_used + sess.dev_rel, 0)
+        free_gpus += float(shared_free[sess.schedulable].sum()) / MILLI
         if need > free_gpus + 1e-9:
             continue
 

@@ -99,24 +99,44 @@ def victim_units(jobs: Iterable[JobState]) -> list[VictimUnit]:
 
 class _FreeGpus:
     """Free whole GPUs per node and free room per shared device, sparse (a busy cluster has
-    few nodes with room). Computed once per job attempt: every prefix starts from this state."""
+    few nodes with room). Computed once per job attempt: every prefix starts from this state.
+    The device map is only built when a fractional request needs it."""
 
     def __init__(self, sess: Session) -> None:
-        free = sess.free_gpu()
-        schedulable = np.flatnonzero(sess.schedulable)
-        self.whole = {int(n): int(free[n]) for n in schedulable if free[n] > 0}
-        self.devices = {(int(n), g.gid): MILLI - g.used + g.releasing
-                        for n in schedulable for g in sess.groups[int(n)].values()
-                        if g.releasing < g.used}
+        self.sess = sess
+        free = np.where(sess.schedulable, sess.free_gpu(), 0)
+        self.whole = {int(n): int(free[n]) for n in np.flatnonzero(free > 0)}
+        self._devices: dict[tuple[int, str], int] | None = None
+        self._victims: list[Task] = []
+
+    @property
+    def devices(self) -> dict[tuple[int, str], int]:
+        if self._devices is None:
+            sess = self.sess
+            live = np.flatnonzero(sess.schedulable & sess.dev_on.any(axis=1))
+            self._devices = {(int(n), g.gid): MILLI - g.used + g.releasing
+                             for n in live for g in sess.groups[int(n)].values()
+                             if g.releasing < g.used}
+            if self._victims:
+                room = _GpuRoom(sess, self, [])
+                freed: dict[tuple[int, str], int] = {}
+                whole: dict[int, int] = {}
+                for t in self._victims:
+                    room.free_into(t, whole, self._devices, freed)
+        return self._devices
 
     def with_victims(self, sess: Session, victims: list[Task]) -> _FreeGpus:
         """The same after all `victims` are gone."""
-        room = _GpuRoom(sess, self, [])
-        freed: dict[tuple[int, str], int] = {}
-        for t in victims:
-            room.free_into(t, room.whole, room.devices, freed)
         out = _FreeGpus.__new__(_FreeGpus)
-        out.whole, out.devices = room.whole, room.devices
+        out.sess = sess
+        out.whole = dict(self.whole)
+        out._devices = None
+        out._victims = victims
+        room = _GpuRoom(sess, out, [])
+        freed: dict[tuple[int, str], int] = {}
+        scratch: dict[tuple[int, str], int] = {}
+        for t in victims:
+            room.free_into(t, out.whole, scratch, freed)
         return out
 
 
@@ -137,7 +157,7 @@ class _GpuRoom:
              for _ in range(t.req.fraction_devices) if t.req.is_shared), reverse=True)
         self.trivial = not self.whole_needed and not self.fractions_needed
         self.whole = dict(base.whole)
-        self.devices = dict(base.devices)
+        self.devices = dict(base.devices) if self.fractions_needed else {}
         self.freed: dict[tuple[int, str], int] = {}
 
     def add_victim(self, task: Task) -> None:
@@ -151,7 +171,8 @@ class _GpuRoom:
         """The same test when only `victims` go (one scenario)."""
         if self.trivial:
             return True
-        whole, devices = dict(self.base.whole), dict(self.base.devices)
+        whole = dict(self.base.whole)
+        devices = dict(self.base.devices) if self.fractions_needed else {}
         freed: dict[tuple[int, str], int] = {}
         for t in victims:
             self.free_into(t, whole, devices, freed)
@@ -174,7 +195,7 @@ class _GpuRoom:
             if freed[key] + group.releasing >= group.used:
                 whole[t.node] = whole.get(t.node, 0) + 1
                 devices.pop(key, None)
-            else:
+            elif self.fractions_needed:
                 devices[key] = MILLI - group.used + group.releasing + freed[key]
 
     def _match(self, whole: dict[int, int], devices: dict[tuple[int, str], int]) -> bool:
@@ -248,30 +269,53 @@ class FailedJobs:
 
 
 class VictimCache:
-    """Victim candidates and free GPUs for one action run. Jobs that fail roll the session back,
-    so these stay valid until a job succeeds (the undo log then grows): keyed by its length and
-    by the candidates' scope (which victims a job may take)."""
+    """Victim candidates and free GPUs for one action run. A job that fails rolls the session
+    back; one that succeeds changes only the jobs its decisions touched (found in the undo log),
+    so only their victim units are rebuilt. Keyed by the candidates' scope (which victims a job
+    may take); candidate membership is fixed within an action."""
 
     def __init__(self) -> None:
         self.version = -1
         self.free: _FreeGpus | None = None
+        self.scopes: dict[object, dict[str, VictimUnit | None]] = {}
         self.entries: dict[object, tuple[list[VictimUnit], _FreeGpus,
                                          JobQueue[VictimUnit]]] = {}
 
     def get(self, sess: Session, scope: object, candidates: Callable[[], list[JobState]]
             ) -> tuple[list[VictimUnit], _FreeGpus, _FreeGpus, JobQueue[VictimUnit]]:
         if self.version != len(sess.undo) or self.free is None:
+            touched = None  # None: rebuild everything
+            if 0 <= self.version <= len(sess.undo):
+                touched = {id(entry[1].job) for entry in sess.undo[self.version:]
+                           if isinstance(entry[1], Task)}
             self.version = len(sess.undo)
             self.free = _FreeGpus(sess)
             self.entries = {}
-        entry = self.entries.get(scope) if scope is not None else None
+            for units in self.scopes.values():
+                for name in list(units):
+                    job = sess.jobs[name]
+                    if touched is None or id(job) in touched:
+                        units[name] = _unit_of(job)
+        if scope is None:
+            units_list = victim_units(candidates())
+            all_freed = self.free.with_victims(sess, [t for u in units_list for t in u.tasks])
+            return units_list, self.free, all_freed, JobQueue(sess, units_list, reverse=True)
+        entry = self.entries.get(scope)
         if entry is None:
-            units = victim_units(candidates())
-            all_freed = self.free.with_victims(sess, [t for u in units for t in u.tasks])
-            entry = (units, all_freed, JobQueue(sess, units, reverse=True))
-            if scope is not None:
-                self.entries[scope] = entry
+            by_job = self.scopes.get(scope)
+            if by_job is None:
+                by_job = {job.name: _unit_of(job) for job in candidates()}
+                self.scopes[scope] = by_job
+            units_list = [u for u in by_job.values() if u is not None]
+            all_freed = self.free.with_victims(sess, [t for u in units_list for t in u.tasks])
+            entry = (units_list, all_freed, JobQueue(sess, units_list, reverse=True))
+            self.entries[scope] = entry
         return entry[0], self.free, entry[1], entry[2]
+
+
+def _unit_of(job: JobState) -> VictimUnit | None:
+    units = victim_units([job])
+    return units[0] if units else None
 
 
 class Solver:

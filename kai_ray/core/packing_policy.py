@@ -1,0 +1,101 @@
+"""The live scheduler's side of the fractional-GPU packing policies (kai_ray.core.packing).
+
+With `SchedulerConfig.gpu_packing` set to a policy other than "kai" (e.g. "lookahead", which beats
+FGD on the Alibaba openb trace), a GPU task's node and device come from that policy instead of
+KAI's binpack + gpupack scores. The session is viewed as the policy's `NodeState` (free CPU,
+memory, and free milli-GPU per device slot: shared devices first, then idle whole devices, then
+used ones) and the typical pod shapes are those of the session's own pods. Tasks the policies do
+not model (gpu-memory or multi-device fractions, or nothing fitting on idle resources) keep KAI's
+rules.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import numpy.typing as npt
+
+from kai_ray.core import packing
+from kai_ray.core.state import MILLI, Session, Task
+
+BoolArray = npt.NDArray[np.bool_]
+MIB = 1024 * 1024
+
+
+def _models(sess: Session) -> npt.NDArray[np.int64]:
+    names: dict[str, int] = {}
+    out = np.full(len(sess.nodes), -1, dtype=np.int64)
+    for i, labels in enumerate(sess.node_labels):
+        if sess.cap_gpu[i] > 0:
+            product = labels.get("nvidia.com/gpu.product", "")
+            out[i] = names.setdefault(product, len(names))
+    return out
+
+
+def node_state(sess: Session) -> packing.NodeState:
+    """The session's idle resources as the packing policies see them."""
+    width = max(1, int(sess.cap_gpu.max()) if len(sess.nodes) else 1)
+    j = np.arange(width)[None, :]
+    groups = sess.dev_on.sum(axis=1)[:, None]
+    shared_free = np.full((len(sess.nodes), width), 0, dtype=np.int64)
+    cols = min(width, sess.dev_used.shape[1])
+    shared_free[:, :cols] = MILLI - sess.dev_used[:, :cols]
+    idle_whole = np.maximum(sess.cap_gpu - sess.used_gpu, 0)[:, None]
+    cap = sess.cap_gpu[:, None]
+    gpu_free = np.where(j < groups, shared_free,
+                        np.where(j < groups + idle_whole, MILLI, np.where(j < cap, 0, -1)))
+    return packing.NodeState(
+        cpu_free=(sess.cap_cpu - sess.used_cpu).astype(np.int64),
+        mem_free=((sess.cap_mem - sess.used_mem) // MIB).astype(np.int64),
+        gpu_free=gpu_free.astype(np.int64), model=_models(sess))
+
+
+def typical(sess: Session) -> packing.ShapeSet | None:
+    """Typical shapes of the session's GPU pods (pending and placed), computed once."""
+    cached: packing.ShapeSet | None = sess.__dict__.get("typical_shapes")
+    if cached is not None or "typical_shapes" in sess.__dict__:
+        return cached
+    tasks = [t for t in sess.tasks if t.req.gpus or t.req.gpu_fraction_milli]
+    shapes = None
+    if tasks:
+        cpu = np.array([t.req.cpu_m for t in tasks], dtype=np.int64)
+        num = np.array([t.req.gpus or 1 for t in tasks], dtype=np.int64)
+        milli = np.array([MILLI if t.req.gpus else t.req.gpu_fraction_milli for t in tasks],
+                         dtype=np.int64)
+        models = int(_models(sess).max()) + 1
+        allowed = np.ones((len(tasks), max(models, 1)), dtype=np.bool_)
+        shapes = packing.typical_shapes(cpu, num, milli, allowed)
+    sess.__dict__["typical_shapes"] = shapes
+    return shapes
+
+
+def request(task: Task) -> packing.PodRequest | None:
+    req = task.req
+    if req.gpu_memory_mib or req.fraction_devices != 1 or not req.wants_gpu:
+        return None
+    if req.gpus:
+        return packing.PodRequest(req.cpu_m, req.memory // MIB, req.gpus, MILLI)
+    return packing.PodRequest(req.cpu_m, req.memory // MIB, 1, req.gpu_fraction_milli)
+
+
+def choose(sess: Session, task: Task, fits_idle: BoolArray
+           ) -> tuple[int, tuple[str, ...], tuple[str, ...]] | None:
+    """(node, shared groups, new groups) by the configured policy, or None for KAI's rules."""
+    policy = sess.config.gpu_packing
+    preq = request(task)
+    if preq is None or not fits_idle.any():
+        return None
+    shapes = typical(sess)
+    state = node_state(sess)
+    score = packing.score(policy, state, preq, shapes)
+    score = np.where(fits_idle, score, -np.inf)
+    if not np.isfinite(score).any():
+        return None
+    node = int(np.argmax(score))
+    if not preq.shared:
+        return node, (), ()
+    device = int(packing.choose_devices(policy, state, node, preq, shapes)[0])
+    existing = list(sess.groups[node])
+    if device < len(existing):
+        return node, (existing[device],), ()
+    gid = sess.new_group_id(node)
+    return node, (gid,), (gid,)

@@ -1,0 +1,76 @@
+"""Kubernetes objects to core types: the pure conversions the watch cache relies on."""
+
+from kai_ray.core.model import PodStatus
+from kai_ray.k8s import convert
+
+
+def _pod(**kw):
+    pod = {"metadata": {"name": "p", "namespace": "ns", "annotations": {}, "labels": {}},
+           "spec": {"schedulerName": "kai-scheduler", "containers": [
+               {"name": "a", "resources": {"requests": {"cpu": "500m", "memory": "1Gi"},
+                                           "limits": {"nvidia.com/gpu": "2"}}},
+               {"name": "b", "resources": {"limits": {"cpu": "1", "memory": "512Mi"}}}]},
+           "status": {"phase": "Pending"}}
+    for k, v in kw.items():
+        pod[k] = v
+    return pod
+
+
+def test_pod_request_sums_containers_and_falls_back_to_limits():
+    r = convert.pod_request(_pod())
+    assert (r.cpu_m, r.memory, r.gpus) == (1500, 1024**3 + 512 * 1024**2, 2)
+
+
+def test_fraction_and_memory_annotations_replace_whole_gpus():
+    pod = _pod()
+    pod["metadata"]["annotations"] = {"gpu-fraction": "0.25"}
+    r = convert.pod_request(pod)
+    assert (r.gpus, r.gpu_fraction_milli) == (0, 250)
+    pod["metadata"]["annotations"] = {"gpu-memory": "2000", "gpu-fraction-num-devices": "2"}
+    r = convert.pod_request(pod)
+    assert (r.gpu_memory_mib, r.fraction_devices, r.gpus) == (2000, 2, 0)
+    pod["metadata"]["annotations"] = {"gpu-fraction": "1.5"}  # KAI ignores it
+    assert convert.pod_request(pod).gpu_fraction_milli == 0
+
+
+def test_pod_status_mapping_and_bind_intent():
+    assert convert.pod_status(_pod(), None) == PodStatus.PENDING
+    assert convert.pod_status(_pod(), {"node": "n1"}) == PodStatus.BINDING
+    bound = _pod(spec={**_pod()["spec"], "nodeName": "n1"})
+    assert convert.pod_status(bound, None) == PodStatus.BOUND
+    deleting = _pod()
+    deleting["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+    assert convert.pod_status(deleting, None) == PodStatus.RELEASING
+    p = convert.pod_from(_pod(), {"node": "n1", "gpu_groups": ["g1"]})
+    assert (p.status, p.node, p.gpu_groups) == (PodStatus.BINDING, "n1", ("g1",))
+
+
+def test_malformed_queue_is_a_problem_naming_the_field():
+    q = {"metadata": {"name": "team"},
+         "spec": {"resources": {"gpu": {"quota": "lots", "limit": -1, "overQuotaWeight": 1}}}}
+    problem = convert.queue_from(q)
+    assert isinstance(problem, convert.Problem)
+    assert "spec.resources.gpu.quota" in str(problem) and "team" in str(problem)
+
+
+def test_queue_without_resources_gets_zero_everything_like_kai():
+    q = convert.queue_from({"metadata": {"name": "bare"}, "spec": {}})
+    assert not isinstance(q, convert.Problem)
+    assert (q.gpu.quota, q.gpu.limit, q.gpu.weight) == (0.0, 0.0, 0.0)
+
+
+def test_go_durations():
+    assert convert._duration("1h30m") == 5400
+    assert convert._duration("250ms") == 0.25
+    assert convert._duration("bogus") is None
+
+
+def test_node_gpu_memory_label_rounding_and_bytes():
+    node = {"metadata": {"name": "n", "labels": {"nvidia.com/gpu.memory": "81559"}},
+            "status": {"allocatable": {"cpu": "64", "memory": "512Gi", "nvidia.com/gpu": "8",
+                                       "pods": "110"},
+                       "conditions": [{"type": "Ready", "status": "True"}]}}
+    n = convert.node_from(node)
+    assert (n.gpus, n.gpu_memory_mib, n.gpu_memory_synced, n.ready) == (8, 81500, True, True)
+    node["metadata"]["labels"]["nvidia.com/gpu.memory"] = str(80 * 1024**3)  # bytes
+    assert convert.node_from(node).gpu_memory_mib == 81900
