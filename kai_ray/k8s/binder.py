@@ -181,17 +181,12 @@ class Binder:
     def _ensure_reservation_namespace(self) -> None:
         if self.reservation_ns_ready:
             return
-        try:  # read first: installed by the Helm chart, we may read it but not create namespaces
-            self.core.read_namespace(convert.RESERVATION_NAMESPACE)
-            self.reservation_ns_ready = True
-            return
-        except ApiException as e:
-            if e.status != 404:
-                raise
         try:
             self.core.create_namespace({"metadata": {"name": convert.RESERVATION_NAMESPACE}})
         except ApiException as e:
-            if e.status != 409:
+            if e.status == 403:  # the Helm chart creates it and grants no namespace create
+                self.core.read_namespace(convert.RESERVATION_NAMESPACE)
+            elif e.status != 409:
                 raise
         self.reservation_ns_ready = True
 
