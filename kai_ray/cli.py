@@ -23,6 +23,8 @@ _HANDLERS: dict[str, str] = {
     "queues": "kai_ray.k8s.tools:cmd_queues",
     "explain": "kai_ray.k8s.tools:cmd_explain",
     "snapshot": "kai_ray.k8s.tools:cmd_snapshot",
+    "webhook": "kai_ray.controller.webhook_server:cmd_webhook",
+    "apply-crds": "kai_ray.k8s.crd_apply:cmd_apply_crds",
 }
 
 
@@ -33,6 +35,11 @@ def _add_output(p: argparse.ArgumentParser) -> None:
 
 def _add_kubeconfig(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kubeconfig", help="kubeconfig path (default: $KUBECONFIG, ~/.kube/config)")
+
+
+def _add_scheduler_config(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", help="the scheduler's YAML configuration (placement, actions), "
+                                    "as given to `kai-ray run --config`; default: built-in")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -104,6 +111,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("queues", help="queue tree: quota, limit, weight, allocated, fair share")
     _add_kubeconfig(p)
     _add_output(p)
+    _add_scheduler_config(p)
     p.set_defaults(handler="queues")
 
     p = sub.add_parser("explain", help="why a pod or PodGroup is pending")
@@ -111,12 +119,34 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-n", "--namespace", default="default")
     _add_kubeconfig(p)
     _add_output(p)
+    _add_scheduler_config(p)
     p.set_defaults(handler="explain")
 
     p = sub.add_parser("snapshot", help="dump the live cluster to a scenario file")
     _add_kubeconfig(p)
     p.add_argument("-f", "--file", default="-", help="output path (default: stdout)")
+    _add_scheduler_config(p)
     p.set_defaults(handler="snapshot")
+
+    p = sub.add_parser("webhook", help="the admission webhook alone (the chart's Deployment)")
+    _add_kubeconfig(p)
+    p.add_argument("--addr", default="127.0.0.1", help="listening address")
+    p.add_argument("--port", type=int, default=9443)
+    p.add_argument("--cert-file", help="serving certificate (PEM); default: self-signed")
+    p.add_argument("--key-file", help="its private key (PEM)")
+    p.add_argument("--scheduler-name", default="kai-scheduler")
+    p.add_argument("--gpu-sharing", choices=["on", "off"], default="on",
+                   help="off: reject gpu-fraction / gpu-memory pods")
+    p.add_argument("--validate-queue", action="store_true",
+                   help="reject pods whose queue is missing or not a leaf")
+    p.add_argument("--manage-configurations", action="store_true",
+                   help="write the webhook configurations itself (default: the chart owns them)")
+    p.add_argument("--service", help="NAMESPACE/NAME/PORT for the configurations' clientConfig")
+    p.set_defaults(handler="webhook")
+
+    p = sub.add_parser("apply-crds", help="server-side apply kai-ray's CRDs (upgrade path)")
+    _add_kubeconfig(p)
+    p.set_defaults(handler="apply-crds")
     return parser
 
 

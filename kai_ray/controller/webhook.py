@@ -34,6 +34,7 @@ import datetime as dt
 import ipaddress
 import json
 import logging
+import os
 import re
 import secrets
 import string
@@ -83,6 +84,11 @@ class WebhookConfig:
     remove_configuration_on_stop: bool = False
     # wait_ready() dry-runs an invalid pod here until the API server reports our denial
     probe_namespace: str = "default"
+    # in cluster: the configurations name this Service (namespace, name, port) instead of a URL
+    service: tuple[str, str, int] | None = None
+    # False: someone else (the Helm chart) owns the configurations; the webhook only serves,
+    # so it needs no RBAC on webhook configurations or pods, and wait_ready() does not probe
+    manage_configurations: bool = True
 
     def __post_init__(self) -> None:
         if self.failure_policy not in ("Fail", "Ignore"):
@@ -146,7 +152,13 @@ def webhook_configurations(config: WebhookConfig, url: str, ca_bundle: str | Non
     """The (validating, mutating) configuration manifests pointing at ``url``."""
 
     def hook(handler_id: str, kind: str) -> dict[str, Any]:
-        client_config: dict[str, Any] = {"url": f"{url.rstrip('/')}/{handler_id}"}
+        client_config: dict[str, Any]
+        if config.service is not None:
+            namespace, name, port = config.service
+            client_config = {"service": {"namespace": namespace, "name": name,
+                                         "path": f"/{handler_id}", "port": port}}
+        else:
+            client_config = {"url": f"{url.rstrip('/')}/{handler_id}"}
         if ca_bundle:
             client_config["caBundle"] = ca_bundle
         scheduler = config.grouping.scheduler_name
@@ -320,6 +332,11 @@ class WebhookHandle:
 
     def _publish(self, client_config: dict[str, Any]) -> None:
         url = str(client_config["url"])
+        if not self.config.manage_configurations:
+            self.url = url
+            self._published.set()
+            log.info("admission webhook serving at %s (configurations managed elsewhere)", url)
+            return
         try:
             apply_configurations(self.api, self.config, url, client_config.get("caBundle"))
         except Exception as e:  # kopf would only log it: make wait_ready() fail with it
@@ -349,6 +366,8 @@ class WebhookHandle:
             if cache is not None and not cache.wait_synced(max(0.0, deadline - time.monotonic())):
                 raise TimeoutError(f"admission webhook: {cache.kind} not listed after "
                                    f"{timeout:.0f}s ({cache.last_error})")
+        if not self.config.manage_configurations:
+            return  # nothing of ours to probe: whoever owns the configurations routes to us
         last = ""
         while True:  # the API server picks up new configurations asynchronously
             self._raise_if_dead()
@@ -403,9 +422,13 @@ class WebhookHandle:
 
 
 def _connection_info(kubeconfig: str | None) -> kopf.ConnectionInfo:
-    """kopf credentials from a kubeconfig file (kopf's own login reads only $KUBECONFIG)."""
+    """kopf credentials from a kubeconfig file (kopf's own login reads only $KUBECONFIG), or
+    the pod's service account when there is no kubeconfig and we run in a cluster."""
     cfg = client.Configuration()
-    kube_config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
+    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST"):
+        kube_config.load_incluster_config(client_configuration=cfg)
+    else:
+        kube_config.load_kube_config(config_file=kubeconfig, client_configuration=cfg)
     keys = cfg.api_key or {}
     token = keys.get("authorization") or keys.get("BearerToken")
     if token and token.lower().startswith("bearer "):
@@ -461,6 +484,9 @@ def start_webhook(kubeconfig: str | None, config: WebhookConfig | None = None,
         handle._publish, addr=config.addr, port=config.port or None, host=config.addr,
         certfile=config.certfile, pkeyfile=config.keyfile)
     settings.admission.managed = None  # we write the configurations (matchConditions)
+    if not config.manage_configurations:
+        # declare the restricted mode: no CRD/namespace scanning (no RBAC for it, none needed)
+        settings.scanning.disabled = True
     settings.posting.enabled = False  # no k8s events for handler logs
     registry = _registry(handle, kubeconfig)
 

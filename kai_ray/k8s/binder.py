@@ -184,7 +184,9 @@ class Binder:
         try:
             self.core.create_namespace({"metadata": {"name": convert.RESERVATION_NAMESPACE}})
         except ApiException as e:
-            if e.status != 409:
+            if e.status == 403:  # the Helm chart creates it and grants no namespace create
+                self.core.read_namespace(convert.RESERVATION_NAMESPACE)
+            elif e.status != 409:
                 raise
         self.reservation_ns_ready = True
 

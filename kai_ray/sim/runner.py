@@ -114,7 +114,7 @@ def check(scenario: Scenario, outcome: Outcome) -> list[str]:
         return _check_fairshare(scenario, outcome)
     failures: list[str] = []
     initial_groups = {g for job in scenario.jobs for t in job.tasks if t.device for g in [t.device]}
-    job_pods = {job.name: [f"{job.name}-{i}" for i in range(len(job.tasks))]
+    job_pods = {job.name: [t.name or f"{job.name}-{i}" for i, t in enumerate(job.tasks)]
                 for job in scenario.jobs}
     for target, raw in scenario.expect.items():
         if not isinstance(raw, dict):

@@ -25,6 +25,7 @@ from kai_ray.core.model import (
     Snapshot,
     SubGroup,
 )
+from kai_ray.core.packing import POLICIES
 
 DEFAULT_CPU_M = 20_000_000
 DEFAULT_MEMORY = 20_000_000_000
@@ -41,6 +42,15 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
+class ForeignSpec(_Strict):
+    """Requests of pods another scheduler placed on the node (not ours to move)."""
+
+    cpu_m: int = Field(0, ge=0)
+    memory_bytes: int = Field(0, ge=0)
+    gpus: int = Field(0, ge=0)
+    pods: int = Field(0, ge=0)
+
+
 class NodeSpec(_Strict):
     name: str
     gpus: int = Field(0, ge=0)
@@ -49,6 +59,12 @@ class NodeSpec(_Strict):
     gpu_memory_mib: int = Field(100, gt=0)
     pods: int = Field(110, ge=0)
     gpu_product: str | None = None
+    # live-cluster snapshots (kai-ray snapshot) also carry these; all optional
+    labels: dict[str, str] | None = None
+    ready: bool = True
+    unschedulable: bool = False
+    gpu_memory_synced: bool = True
+    foreign: ForeignSpec | None = None
 
 
 class QuotaSpec(_Strict):
@@ -64,6 +80,10 @@ class QueueSpec(_Strict):
     gpu: QuotaSpec | None = None
     cpu: QuotaSpec | None = None
     memory: QuotaSpec | None = None
+    age_s: float | None = None  # created this long before the scenario's now
+    display_name: str | None = None
+    preempt_min_runtime_s: float | None = Field(None, ge=0)
+    reclaim_min_runtime_s: float | None = Field(None, ge=0)
 
 
 class RequestSpec(_Strict):
@@ -76,7 +96,7 @@ class RequestSpec(_Strict):
 
 
 TaskState = Literal["Pending", "Running", "Releasing", "Pipelined", "Binding", "Failed",
-                    "Succeeded"]
+                    "Succeeded", "Bound", "Gated"]
 
 
 class TaskSpec(RequestSpec):
@@ -85,6 +105,11 @@ class TaskSpec(RequestSpec):
     device: str | None = None
     task_priority: int | None = None
     subgroup: str | None = None
+    name: str | None = None  # pod name (default <job>-<index>)
+    devices: list[str] | None = None  # shared-GPU groups of a multi-device fractional pod
+    node_selector: dict[str, str] | None = None
+    ray_head: bool = False
+    age_s: float | None = None
 
 
 class SubGroupSpec(_Strict):
@@ -103,6 +128,8 @@ class JobSpec(_Strict):
     preemptible: bool | None = None
     namespace: str = "default"
     subgroups: list[SubGroupSpec] | None = None
+    age_s: float | None = None
+    last_start_age_s: float | None = None  # min-runtime: started this long ago
 
 
 class PluginSpec(_Strict):
@@ -114,6 +141,8 @@ class ConfigSpec(_Strict):
     plugins_only: list[PluginSpec] | None = None
     staleness_grace_period_s: float | None = None
     actions: list[str] | None = None
+    max_consolidation_preemptees: int | None = Field(None, ge=0)
+    gpu_packing: str | None = None  # kai_ray.core.packing.POLICIES; default "kai"
 
 
 class ExpectSpec(_Strict):
@@ -245,19 +274,25 @@ def config_of(scenario: Scenario) -> SchedulerConfig:
         if cfg.staleness_grace_period_s is not None:
             grace = cfg.staleness_grace_period_s
     actions = tuple(cfg.actions) if cfg and cfg.actions else SchedulerConfig().actions
+    preemptees = SchedulerConfig().max_consolidation_preemptees
+    if cfg is not None and cfg.max_consolidation_preemptees is not None:
+        preemptees = cfg.max_consolidation_preemptees
+    packing = "kai"
+    if cfg is not None and cfg.gpu_packing is not None:
+        if cfg.gpu_packing not in POLICIES:
+            raise ScenarioError(f"scenario {scenario.id}: config.gpu_packing: "
+                                f"{cfg.gpu_packing!r} is not one of {list(POLICIES)}")
+        packing = cfg.gpu_packing
     return SchedulerConfig(placement=placement, gpu_device_order=device_order,
-                           staleness_grace_period_s=grace, actions=actions)
+                           staleness_grace_period_s=grace, actions=actions,
+                           max_consolidation_preemptees=preemptees, gpu_packing=packing)
 
 
 NOW = 10_000.0
 
 
 def snapshot_of(scenario: Scenario, now: float = NOW) -> Snapshot:
-    nodes = tuple(
-        Node(name=n.name, cpu_m=n.cpu_m, memory=n.memory_bytes, gpus=n.gpus,
-             gpu_memory_mib=n.gpu_memory_mib, max_pods=n.pods,
-             labels=(("nvidia.com/gpu.product", n.gpu_product),) if n.gpu_product else ())
-        for n in scenario.nodes)
+    nodes = tuple(_node(n) for n in scenario.nodes)
     node_names = {n.name for n in nodes}
     queues = []
     for i, q in enumerate(scenario.queue_specs()):
@@ -266,35 +301,53 @@ def snapshot_of(scenario: Scenario, now: float = NOW) -> Snapshot:
             gpu=_quota(q.gpu, ResourceQuota(0.0, -1.0, 0.0)),
             cpu=_quota(q.cpu, ResourceQuota(-1.0, -1.0, 1.0)),
             memory=_quota(q.memory, ResourceQuota(-1.0, -1.0, 1.0)),
-            created=i * MINUTE))
+            created=i * MINUTE if q.age_s is None else now - q.age_s,
+            display_name=q.display_name, preempt_min_runtime_s=q.preempt_min_runtime_s,
+            reclaim_min_runtime_s=q.reclaim_min_runtime_s))
     jobs = []
     for j, spec in enumerate(scenario.jobs):
-        created = j * MINUTE
+        created = j * MINUTE if spec.age_s is None else now - spec.age_s
         pods = []
         for i, t in enumerate(spec.tasks):
             if t.node is not None and t.node not in node_names:
                 raise ScenarioError(f"scenario {scenario.id}: job {spec.name} task {i}: "
                                     f"unknown node {t.node!r}")
-            if t.state != "Pending" and t.state != "Failed" and t.node is None:
+            if t.state not in ("Pending", "Failed", "Gated") and t.node is None:
                 raise ScenarioError(f"scenario {scenario.id}: job {spec.name} task {i}: "
                                     f"state {t.state} needs a node")
             req = _request(spec.per_task, t)
             groups: tuple[str, ...] = ()
             if req.is_shared and t.node is not None and t.state != "Pending":
-                if not t.device:
+                if not t.device and not t.devices:
                     raise ScenarioError(f"scenario {scenario.id}: job {spec.name} task {i}: "
                                         "a placed fractional task needs a device")
-                groups = (t.device,)
-            pods.append(Pod(name=f"{spec.name}-{i}", request=req, status=PodStatus(t.state),
-                            node=t.node, gpu_groups=groups, namespace=spec.namespace,
-                            task_priority=t.task_priority, created=created,
-                            subgroup=t.subgroup))
+                groups = tuple(t.devices) if t.devices else (str(t.device),)
+            pods.append(Pod(name=t.name or f"{spec.name}-{i}", request=req,
+                            status=PodStatus(t.state), node=t.node, gpu_groups=groups,
+                            namespace=spec.namespace, task_priority=t.task_priority,
+                            created=created if t.age_s is None else now - t.age_s,
+                            subgroup=t.subgroup, is_ray_head=t.ray_head,
+                            node_selector=tuple(sorted((t.node_selector or {}).items()))))
         subgroups = tuple((sg.name, sg.min_member) for sg in spec.subgroups or [])
         jobs.append(Job(
             name=spec.name, queue=spec.queue, priority=spec.priority, pods=tuple(pods),
             min_member=spec.min_member if spec.min_member is not None else len(spec.tasks),
             namespace=spec.namespace, created=created, preemptible=spec.preemptible,
             subgroups=tuple(SubGroup(n, m) for n, m in subgroups),
-            stale_since=None if spec.stale_since_s is None else now - spec.stale_since_s))
+            stale_since=None if spec.stale_since_s is None else now - spec.stale_since_s,
+            last_start=None if spec.last_start_age_s is None else now - spec.last_start_age_s))
     return Snapshot(nodes=nodes, queues=tuple(queues), jobs=tuple(jobs))
+
+
+def _node(n: NodeSpec) -> Node:
+    labels = dict(n.labels or {})
+    if n.gpu_product:
+        labels["nvidia.com/gpu.product"] = n.gpu_product
+    foreign = n.foreign or ForeignSpec()
+    return Node(name=n.name, cpu_m=n.cpu_m, memory=n.memory_bytes, gpus=n.gpus,
+                gpu_memory_mib=n.gpu_memory_mib, gpu_memory_synced=n.gpu_memory_synced,
+                max_pods=n.pods, labels=tuple(sorted(labels.items())), ready=n.ready,
+                unschedulable=n.unschedulable, foreign_cpu_m=foreign.cpu_m,
+                foreign_memory=foreign.memory_bytes, foreign_gpus=foreign.gpus,
+                foreign_pods=foreign.pods)
 

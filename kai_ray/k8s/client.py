@@ -1,0 +1,18 @@
+"""An API client for command-line tools: a kubeconfig path, else $KUBECONFIG / ~/.kube/config,
+else the pod's service account (in cluster)."""
+
+from __future__ import annotations
+
+import os
+
+from kubernetes import client, config
+
+
+def api_client(kubeconfig: str | None = None) -> client.ApiClient:
+    configuration = client.Configuration()
+    if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST") \
+            and not os.environ.get("KUBECONFIG"):
+        config.load_incluster_config(client_configuration=configuration)
+    else:
+        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    return client.ApiClient(configuration)
