@@ -38,11 +38,16 @@ def test_kai_quickstart_pods_run_and_share_a_device(cluster, gpu_nodes, namespac
             custom.create_cluster_custom_object("scheduling.run.ai", "v2", "queues", doc)
         except client.ApiException as e:
             assert e.status == 409
-    # KAI's quick-start shapes: a whole GPU, two half GPUs, a gpu-memory request
-    whole = pod("gpu-pod", "default-queue", gpus=1)
-    halves = [pod(f"half-{i}", "default-queue", annotations={"gpu-fraction": "0.5"})
-              for i in range(2)]
-    memory = pod("memory-pod", "default-queue", annotations={"gpu-memory": "2000"})
+    # KAI's quick-start shapes: a whole GPU, two half GPUs, a gpu-memory request. They get a
+    # node pool of their own: in this shared test cluster other tests leave partly used shared
+    # devices behind, and packing onto those is right but would make this check ambiguous.
+    pool, _ = pool_nodes(api, 1, gpus=4)
+    sel = {"kai-ray.io/pool": pool}
+    whole = pod("gpu-pod", "default-queue", gpus=1, node_selector=sel)
+    halves = [pod(f"half-{i}", "default-queue", annotations={"gpu-fraction": "0.5"},
+                  node_selector=sel) for i in range(2)]
+    memory = pod("memory-pod", "default-queue", annotations={"gpu-memory": "2000"},
+                 node_selector=sel)
     for p in (whole, *halves, memory):
         core.create_namespaced_pod(namespace, p)
     names = ["gpu-pod", "half-0", "half-1", "memory-pod"]
