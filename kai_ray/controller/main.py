@@ -8,71 +8,25 @@ import logging
 import signal
 import sys
 import threading
-from pathlib import Path
 from typing import Any
-
-import yaml
-from kubernetes import client, config
 
 from kai_ray.controller.leader import LeaderElector, LeaseConfig
 from kai_ray.controller.metrics import SchedulerMetrics, start_metrics_server
 from kai_ray.controller.podgrouper import PodGrouper
 from kai_ray.controller.scheduler_loop import LoopConfig, SchedulerLoop
 from kai_ray.controller.webhook import WebhookConfig, start_webhook
-from kai_ray.core.model import NodePlacement, SchedulerConfig
-from kai_ray.core.packing import POLICIES
 from kai_ray.grouping import GroupingConfig
+from kai_ray.k8s import config_file
 from kai_ray.k8s.cache import ClusterCache
+from kai_ray.k8s.client import api_client
 
 log = logging.getLogger("kai_ray")
 
 
-def api_client(kubeconfig: str | None, pool_size: int = 32) -> client.ApiClient:
-    """A client whose connection pool fits the binder's concurrent writes."""
-    configuration = client.Configuration()
-    if kubeconfig:
-        config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
-    else:
-        try:
-            config.load_incluster_config(client_configuration=configuration)
-        except config.ConfigException:
-            config.load_kube_config(client_configuration=configuration)
-    configuration.connection_pool_maxsize = pool_size
-    return client.ApiClient(configuration)
-
-
 def load_config(path: str | None) -> LoopConfig:
-    """YAML: {cyclePeriodSeconds, placement: {gpu, cpu}, gpuPacking, stalenessGracePeriodSeconds,
-    actions: [...], maxConsolidationPreemptees}. Unknown keys are an error."""
-    cfg = LoopConfig()
-    if not path:
-        return cfg
-    raw: dict[str, Any] = yaml.safe_load(Path(path).read_text()) or {}
-    known = {"cyclePeriodSeconds", "placement", "stalenessGracePeriodSeconds", "actions",
-             "maxConsolidationPreemptees", "gpuPacking"}
-    unknown = set(raw) - known
-    if unknown:
-        raise SystemExit(f"kai-ray run: {path}: unknown key(s) {sorted(unknown)}; "
-                         f"known: {sorted(known)}")
-    placement = raw.get("placement") or {}
-    for key, value in placement.items():
-        if key not in ("gpu", "cpu") or value not in ("binpack", "spread"):
-            raise SystemExit(f"kai-ray run: {path}: placement.{key}: expected binpack|spread, "
-                             f"got {value!r}")
-    packing_policy = raw.get("gpuPacking", "kai")
-    if packing_policy not in POLICIES:
-        raise SystemExit(f"kai-ray run: {path}: gpuPacking: expected one of {list(POLICIES)}, "
-                         f"got {packing_policy!r}")
-    core = SchedulerConfig(
-        gpu_packing=packing_policy,
-        placement=NodePlacement(gpu=placement.get("gpu", "binpack"),
-                                cpu=placement.get("cpu", "binpack")),
-        staleness_grace_period_s=float(raw.get("stalenessGracePeriodSeconds", 60)),
-        max_consolidation_preemptees=int(raw.get("maxConsolidationPreemptees", 16)),
-        actions=tuple(raw.get("actions") or SchedulerConfig().actions))
-    cfg.core = core
-    cfg.period_s = float(raw.get("cyclePeriodSeconds", 1.0))
-    return cfg
+    """The loop's configuration from the YAML file (see kai_ray.k8s.config_file)."""
+    core, period = config_file.read(path)
+    return LoopConfig(period_s=period, core=core)
 
 
 def cmd_run(args: argparse.Namespace) -> int:

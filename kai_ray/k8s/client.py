@@ -1,5 +1,5 @@
-"""An API client for command-line tools: a kubeconfig path, else $KUBECONFIG / ~/.kube/config,
-else the pod's service account (in cluster)."""
+"""The API client of `kai-ray run` and the command-line tools: a kubeconfig path, else
+$KUBECONFIG / ~/.kube/config, else the pod's service account (in cluster)."""
 
 from __future__ import annotations
 
@@ -8,11 +8,13 @@ import os
 from kubernetes import client, config
 
 
-def api_client(kubeconfig: str | None = None) -> client.ApiClient:
+def api_client(kubeconfig: str | None = None, pool_size: int = 32) -> client.ApiClient:
+    """`pool_size` connections, so concurrent writers (the binder's workers) do not queue."""
     configuration = client.Configuration()
     if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST") \
             and not os.environ.get("KUBECONFIG"):
         config.load_incluster_config(client_configuration=configuration)
     else:
         config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
+    configuration.connection_pool_maxsize = pool_size
     return client.ApiClient(configuration)

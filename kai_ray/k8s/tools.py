@@ -31,24 +31,19 @@ import yaml
 from kai_ray.core.model import (
     ACTIVE_USED,
     Job,
-    NodePlacement,
     PodStatus,
     Request,
     SchedulerConfig,
     Snapshot,
 )
-from kai_ray.core.packing import POLICIES
 from kai_ray.core.result import CycleResult, QueueShare
 from kai_ray.core.schedule import schedule
-from kai_ray.k8s import convert
+from kai_ray.k8s import config_file, convert
 from kai_ray.k8s.cache import ClusterCache
 from kai_ray.k8s.client import api_client
 
 Obj = dict[str, Any]
 _RESOURCES = ("cpu", "memory", "gpu")  # QueueShare tuple order
-_CONFIG_KEYS = {"cyclePeriodSeconds", "placement", "stalenessGracePeriodSeconds", "actions",
-                "maxConsolidationPreemptees", "gpuPacking"}
-
 
 # --------------------------------------------------------------------------------- live state
 @dataclass
@@ -78,32 +73,7 @@ def read_cluster(kubeconfig: str | None) -> Live:
 
 def scheduler_config(path: str | None) -> SchedulerConfig:
     """The scheduler's YAML configuration (the chart's ConfigMap, `kai-ray run --config`)."""
-    if not path:
-        return SchedulerConfig()
-    raw = yaml.safe_load(Path(path).read_text()) or {}
-    if not isinstance(raw, dict):
-        raise SystemExit(f"{path}: expected a mapping")
-    unknown = set(raw) - _CONFIG_KEYS
-    if unknown:
-        raise SystemExit(f"{path}: unknown key(s) {sorted(unknown)}; known: "
-                         f"{sorted(_CONFIG_KEYS)}")
-    placement = raw.get("placement") or {}
-    for key, value in placement.items():
-        if key not in ("gpu", "cpu") or value not in ("binpack", "spread"):
-            raise SystemExit(f"{path}: placement.{key}: expected binpack|spread, got {value!r}")
-    packing = raw.get("gpuPacking", "kai")
-    if packing not in POLICIES:
-        raise SystemExit(f"{path}: gpuPacking: expected one of {list(POLICIES)}, got {packing!r}")
-    default = SchedulerConfig()
-    return SchedulerConfig(
-        gpu_packing=packing,
-        placement=NodePlacement(gpu=placement.get("gpu", "binpack"),
-                                cpu=placement.get("cpu", "binpack")),
-        staleness_grace_period_s=float(raw.get("stalenessGracePeriodSeconds",
-                                               default.staleness_grace_period_s)),
-        max_consolidation_preemptees=int(raw.get("maxConsolidationPreemptees",
-                                                 default.max_consolidation_preemptees)),
-        actions=tuple(raw.get("actions") or default.actions))
+    return config_file.read(path)[0]
 
 
 def _fmt(value: float, unlimited: bool = True) -> str:
