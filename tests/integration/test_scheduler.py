@@ -48,8 +48,14 @@ def test_kai_quickstart_pods_run_and_share_a_device(cluster, gpu_nodes, namespac
                   node_selector=sel) for i in range(2)]
     memory = pod("memory-pod", "default-queue", annotations={"gpu-memory": "2000"},
                  node_selector=sel)
-    for p in (whole, *halves, memory):
+    # the halves first: a gpu-memory pod that lands on a half's device first (0.5 + 2000 MiB)
+    # rightly leaves no room there for the other half
+    for p in (whole, *halves):
         core.create_namespaced_pod(namespace, p)
+    wait_for("the whole-GPU and half-GPU pods Running", lambda: _running(
+        core, namespace, ["gpu-pod", "half-0", "half-1"]), timeout=90,
+        detail=kai_scheduler.log_tail)
+    core.create_namespaced_pod(namespace, memory)
     names = ["gpu-pod", "half-0", "half-1", "memory-pod"]
     wait_for("all quick-start pods Running", lambda: _running(core, namespace, names),
              timeout=90, detail=kai_scheduler.log_tail)
