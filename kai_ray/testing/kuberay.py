@@ -65,18 +65,10 @@ def _wait_ready(comp: Component, port: int, timeout: float) -> None:
         if not comp.alive():
             raise ControlPlaneError(
                 f"ray-operator exited; end of {comp.log}:\n{procs.tail(comp.log)}")
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
-        try:
-            conn.request("GET", "/readyz")
-            resp = conn.getresponse()
-            resp.read()
-            if resp.status == 200:
-                return
-            last = f"HTTP {resp.status}"
-        except OSError as e:
-            last = str(e)
-        finally:
-            conn.close()
+        problem = procs.probe_readyz(http.client.HTTPConnection("127.0.0.1", port, timeout=2))
+        if problem is None:
+            return
+        last = problem
         time.sleep(0.1)
     raise ControlPlaneError(
         f"ray-operator not ready after {timeout:.0f}s ({last}); end of {comp.log}:\n"

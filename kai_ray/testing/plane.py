@@ -311,19 +311,11 @@ class ControlPlane(Cluster):
         last = "no answer yet"
         while time.monotonic() < deadline:
             self._check_alive()
-            conn = http.client.HTTPSConnection("127.0.0.1", self.ports["apiserver"],
-                                               context=ctx, timeout=2)
-            try:
-                conn.request("GET", "/readyz")
-                resp = conn.getresponse()
-                body = resp.read().decode(errors="replace")
-                if resp.status == 200:
-                    return
-                last = f"HTTP {resp.status}: {body[-300:]}"
-            except OSError as e:
-                last = str(e)
-            finally:
-                conn.close()
+            problem = procs.probe_readyz(http.client.HTTPSConnection(
+                "127.0.0.1", self.ports["apiserver"], context=ctx, timeout=2))
+            if problem is None:
+                return
+            last = problem
             time.sleep(0.1)
         raise ControlPlaneError(
             f"kube-apiserver not ready ({last}); end of its log:\n"

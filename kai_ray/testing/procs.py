@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import http.client
 import os
 import signal
 import socket
@@ -103,6 +104,19 @@ def port_listening(port: int) -> bool:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.settimeout(0.2)
         return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def probe_readyz(conn: http.client.HTTPConnection) -> str | None:
+    """One GET /readyz: None when ready, else what went wrong (the connection is closed)."""
+    try:
+        conn.request("GET", "/readyz")
+        resp = conn.getresponse()
+        body = resp.read().decode(errors="replace")
+        return None if resp.status == 200 else f"HTTP {resp.status}: {body[-300:]}"
+    except OSError as e:
+        return str(e)
+    finally:
+        conn.close()
 
 
 def tail(path: Path, lines: int = 25) -> str:
