@@ -20,12 +20,16 @@ E = TypeVar("E", bound="Entry")
 def job_request(sess: Session, job: JobState, simulation: bool = False
                 ) -> tuple[float, float, float]:
     """The candidate request of a job: its tasks-to-allocate (pending gpu-memory via 100 MiB)."""
+    cached = job.requested.get(simulation)
+    if cached is not None and cached[0] == job.changes:
+        return cached[1]
     cpu = mem = gpu = 0.0
     for task in job.tasks_to_allocate(simulation):
         amount = sess.pending_queue_amount(task.req)
         cpu += amount[0]
         mem += amount[1]
         gpu += amount[2]
+    job.requested[simulation] = (job.changes, (cpu, mem, gpu))
     return (cpu, mem, gpu)
 
 
@@ -82,16 +86,12 @@ def compare_queues(sess: Session, lq: QueueState, rq: QueueState,
     return -1 if lq.name < rq.name else (1 if lq.name > rq.name else 0)
 
 
-class _Rev:
-    """Inverts a sort key for the victim order (heapq is a min-heap)."""
-
-    __slots__ = ("key",)
-
-    def __init__(self, key: tuple[int, int, float, str]) -> None:
-        self.key = key
-
-    def __lt__(self, other: _Rev) -> bool:
-        return self.key > other.key
+def _reverse_key(sess: Session, key: tuple[int, int, float, str]
+                 ) -> tuple[int, int, float, int]:
+    """The victim order as a plain numeric tuple (heapq is a min-heap; comparing numbers in C
+    is much cheaper than a wrapper object with __lt__): every part negated, the job name by its
+    rank among the session's job names."""
+    return (-key[0], -key[1], -key[2], -sess.name_rank(key[3]))
 
 
 class Entry(Protocol):
@@ -117,13 +117,17 @@ class JobQueue(Generic[E]):
         self.reverse = reverse
         self.simulation = simulation
         self.taken: dict[str, tuple[float, float, float]] = {}
+        # popped victim items whose taken amount is not yet in `taken`: it only matters when
+        # two queues are compared, so a single-queue pop defers the accounting
+        self.untaken: list[E] = []
+        self.reachable: dict[str, bool] = {}  # the queue tree is fixed within a session
         self.heaps: dict[str, list[tuple[object, int, E]]] = {}
         self.seq = 0
         for item in items:
             key = item.order_key()
             self.seq += 1
             self.heaps.setdefault(item.queue, []).append(
-                (_Rev(key) if reverse else key, self.seq, item))
+                (_reverse_key(sess, key) if reverse else key, self.seq, item))
         for heap in self.heaps.values():
             heapq.heapify(heap)
 
@@ -133,11 +137,13 @@ class JobQueue(Generic[E]):
         other.heaps = {q: list(h) for q, h in self.heaps.items()}
         other.seq = self.seq
         other.taken = dict(self.taken)
+        other.untaken = list(self.untaken)
+        other.reachable = self.reachable
         return other
 
     def push(self, item: E) -> None:
         key = item.order_key()
-        entry: object = _Rev(key) if self.reverse else key
+        entry: object = _reverse_key(self.sess, key) if self.reverse else key
         self.seq += 1
         heapq.heappush(self.heaps.setdefault(item.queue, []), (entry, self.seq, item))
 
@@ -183,6 +189,19 @@ class JobQueue(Generic[E]):
         return best
 
     def pop(self) -> E | None:
+        nonempty = [name for name, heap in self.heaps.items() if heap]
+        if not nonempty:
+            return None
+        if len(nonempty) == 1:
+            # one queue holds everything: the tree walk would only find it again (if the tree
+            # reaches it at all: items of queues missing from it are never popped)
+            if not self._reachable(nonempty[0]):
+                return None
+            item = heapq.heappop(self.heaps[nonempty[0]])[2]
+            if self.reverse:
+                self.untaken.append(item)
+            return item
+        self._account_taken()
         roots = sorted(q.name for q in self.sess.queues.values() if not q.parent)
         # items of queues missing from the tree are never popped (QueueDoesNotExist)
         picked = self._pick(roots, {})
@@ -191,8 +210,20 @@ class JobQueue(Generic[E]):
         heap = self.heaps[picked.queue]
         item = heapq.heappop(heap)[2]
         if self.reverse:
+            self.untaken.append(item)
+        return item
+
+    def _reachable(self, queue: str) -> bool:
+        known = self.reachable.get(queue)
+        if known is None:
+            path = self.sess.queue_path(queue)
+            known = self.reachable[queue] = bool(path) and not path[-1].parent
+        return known
+
+    def _account_taken(self) -> None:
+        for item in self.untaken:
             amount = item.taken_amount()
             for q in self.sess.queue_path(item.queue):
                 old = self.taken.get(q.name, (0.0, 0.0, 0.0))
                 self.taken[q.name] = (old[0] + amount[0], old[1] + amount[1], old[2] + amount[2])
-        return item
+        self.untaken = []

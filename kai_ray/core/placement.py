@@ -253,12 +253,14 @@ def choose_devices(sess: Session, task: Task, node: int) -> tuple[tuple[str, ...
     return tuple(groups), tuple(new), on_idle
 
 
-def choose(sess: Session, task: Task) -> tuple[Choice | None, dict[str, int]]:
-    """Best node for `task`, or None with the failed-predicate histogram. A virtually evicted
-    victim is placed like any task; if that lands it where it was, the session un-evicts it."""
+def choose(sess: Session, task: Task, explain: bool = True
+           ) -> tuple[Choice | None, dict[str, int]]:
+    """Best node for `task`, or None with the failed-predicate histogram (empty unless
+    `explain`: simulations do not need it). A virtually evicted victim is placed like any task;
+    if that lands it where it was, the session un-evicts it."""
     fits, fits_idle, _ = feasible(sess, task)
     if not fits.any():
-        return None, feasible(sess, task, explain=True)[2]
+        return None, feasible(sess, task, explain=True)[2] if explain else {}
     if sess.config.gpu_packing != "kai" and task.req.wants_gpu:
         picked = packing_policy.choose(sess, task, fits_idle)
         if picked is not None:

@@ -92,6 +92,7 @@ class PodSet:
 
 class JobState:
     __slots__ = (
+        "changes",
         "created",
         "last_start",
         "name",
@@ -100,9 +101,11 @@ class JobState:
         "preemptible",
         "priority",
         "queue",
+        "requested",
         "source",
         "stale_since",
         "tasks",
+        "to_allocate",
         "uses_subgroups",
     )
 
@@ -117,6 +120,11 @@ class JobState:
         self.stale_since = job.stale_since
         self.last_start = job.last_start
         self.tasks: list[Task] = []
+        # bumped by the session on every change to one of the job's tasks (and its undo), so
+        # derived values can be cached until the job changes
+        self.changes = 0
+        self.to_allocate: dict[bool, tuple[int, list[Task]]] = {}
+        self.requested: dict[bool, tuple[int, tuple[float, float, float]]] = {}
         self.uses_subgroups = bool(job.subgroups)
         if job.subgroups:
             self.podsets = {sg.name: PodSet(sg.name, max(sg.min_member, 1),
@@ -172,6 +180,13 @@ class JobState:
         """KAI's tasks-to-allocate: the missing minimum of every podset below its minimum, or,
         once every podset is satisfied, one more pending task from the least-satisfied podset.
         In a simulation, tasks evicted in this session may be placed again."""
+        cached = self.to_allocate.get(simulation)
+        if cached is None or cached[0] != self.changes:
+            cached = self.to_allocate[simulation] = (self.changes,
+                                                     self._tasks_to_allocate(simulation))
+        return list(cached[1])
+
+    def _tasks_to_allocate(self, simulation: bool) -> list[Task]:
 
         def allocatable(t: Task) -> bool:
             if t.status == PodStatus.PENDING:
@@ -304,6 +319,7 @@ class Session:
         nodes = sorted((n for n in snapshot.nodes), key=lambda n: n.name)
         self.nodes = nodes
         self.node_index = {n.name: i for i, n in enumerate(nodes)}
+        self._name_rank: dict[str, int] | None = None
         count = len(nodes)
         ready = np.array([n.ready and not n.unschedulable for n in nodes], dtype=bool)
         self.schedulable = ready
@@ -390,6 +406,12 @@ class Session:
     def is_leaf(self, queue: str) -> bool:
         q = self.queues.get(queue)
         return q is not None and not q.children
+
+    def name_rank(self, job_name: str) -> int:
+        """A job's position among all job names in sorted order (numeric sort keys)."""
+        if self._name_rank is None:
+            self._name_rank = {name: i for i, name in enumerate(sorted(self.jobs))}
+        return self._name_rank[job_name]
 
     def queue_path(self, queue: str) -> list[QueueState]:
         """Leaf first, root last."""
@@ -584,6 +606,7 @@ class Session:
         task.status = PodStatus.PIPELINED if pipelined else PodStatus.ALLOCATED
         self._queue_add(task, +1)
         self.undo.append(("alloc", task, prev))
+        task.job.changes += 1
 
     def _move(self, task: Task, node: int, groups: tuple[str, ...]) -> None:
         pod = Pod(name=task.name, request=task.req, namespace=task.namespace,
@@ -601,11 +624,13 @@ class Session:
         copy.status = PodStatus.PIPELINED
         self._queue_add(copy, +1)
         self.undo.append(("move", task, copy))
+        task.job.changes += 1
 
     def set_status(self, task: Task, status: PodStatus) -> None:
         """Switch between Allocated and Pipelined (same resources, same queue charge)."""
         self.undo.append(("status", task, task.status))
         task.status = status
+        task.job.changes += 1
 
     def evict(self, task: Task) -> None:
         prev = task.status
@@ -613,6 +638,7 @@ class Session:
         task.status = PodStatus.RELEASING
         self._mark_releasing(task, +1)
         self.undo.append(("evict", task, prev))
+        task.job.changes += 1
 
     def unevict(self, task: Task) -> None:
         entry = next(e for e in reversed(self.undo) if e[0] == "evict" and e[1] is task)
@@ -622,11 +648,13 @@ class Session:
         task.status = prev_status
         self._queue_add(task, +1)
         self.undo.append(("unevict", task, prev_status))
+        task.job.changes += 1
 
     def rollback(self, checkpoint: int) -> None:
         while len(self.undo) > checkpoint:
             op, task, prev = self.undo.pop()
             assert isinstance(task, Task)
+            task.job.changes += 1
             if op == "alloc":
                 assert isinstance(prev, tuple)
                 self._queue_add(task, -1)

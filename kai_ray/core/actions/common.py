@@ -53,7 +53,7 @@ def place_tasks(sess: Session, job: JobState, tasks: list[Task], pipeline_only: 
             if fits and idle == last[2] and placement.sharing_bonus_on(sess, task, node) >= last[3]:
                 choice = placement.place_on(sess, task, node, idle)
         if choice is None:
-            choice, reasons = placement.choose(sess, task)
+            choice, reasons = placement.choose(sess, task, explain=record)
             if choice is None:
                 sess.rollback(checkpoint)
                 if record:

@@ -110,37 +110,102 @@ class _FreeGpus:
         free = np.where(sess.schedulable, sess.free_gpu(), 0)
         self.whole = {int(n): int(free[n]) for n in np.flatnonzero(free > 0)}
         self._devices: dict[tuple[int, str], int] | None = None
-        self._victims: list[Task] = []
+        self._device_totals: tuple[int, int] | None = None
+        self._top: list[tuple[int, tuple[int, str]]] | None = None
+        self._top_count = 0
+        self._freed: _Freed | None = None
 
     @property
     def devices(self) -> dict[tuple[int, str], int]:
+        """Room per shared device that has some (and is not entirely releasing)."""
         if self._devices is None:
             sess = self.sess
-            live = np.flatnonzero(sess.schedulable & sess.dev_on.any(axis=1))
-            self._devices = {(int(n), g.gid): MILLI - g.used + g.releasing
-                             for n in live for g in sess.groups[int(n)].values()
-                             if g.releasing < g.used}
-            if self._victims:
-                room = _GpuRoom(sess, self, [])
-                freed: dict[tuple[int, str], int] = {}
-                whole: dict[int, int] = {}
-                for t in self._victims:
-                    room.free_into(t, whole, self._devices, freed)
+            room = MILLI - sess.dev_used + sess.dev_rel
+            live = (sess.schedulable[:, None] & sess.dev_on & (sess.dev_rel < sess.dev_used)
+                    & (room > 0))
+            self._devices = {}
+            gids: dict[int, list[str]] = {}
+            for n, slot in zip(*np.nonzero(live), strict=True):
+                node = int(n)
+                if node not in gids:
+                    gids[node] = list(sess.groups[node])  # slot order = the groups' order
+                self._devices[(node, gids[node][int(slot)])] = int(room[n, slot])
+            if self._freed is not None:
+                for key, amount in self._freed.device.items():
+                    group = sess.groups[key[0]].get(key[1])
+                    if group is None:
+                        continue
+                    if amount + group.releasing >= group.used:
+                        self._devices.pop(key, None)
+                    else:
+                        self._devices[key] = MILLI - group.used + group.releasing + amount
         return self._devices
 
-    def with_victims(self, sess: Session, victims: list[Task]) -> _FreeGpus:
-        """The same after all `victims` are gone."""
+    def top_rooms(self, count: int) -> list[tuple[int, tuple[int, str]]]:
+        """The `count` roomiest shared devices (room, key), roomiest first."""
+        if self._top is None or (len(self._top) < count and self._top_count < count):
+            limit = max(count, 2 * self._top_count, 32)
+            self._top = heapq.nlargest(limit, ((v, k) for k, v in self.devices.items() if v > 0))
+            self._top_count = limit
+        return self._top[:count]
+
+    def whole_totals(self) -> tuple[int, int]:
+        """Free whole GPUs: in total and on the roomiest node."""
+        return sum(self.whole.values()), max(self.whole.values(), default=0)
+
+    def device_totals(self) -> tuple[int, int]:
+        """Room on partly used shared devices: in total and on the roomiest device."""
+        if self._device_totals is None:
+            rooms = [v for v in self.devices.values() if v > 0]
+            self._device_totals = (sum(rooms), max(rooms, default=0))
+        return self._device_totals
+
+    def with_freed(self, freed: _Freed) -> _FreeGpus:
+        """The same after every victim counted in `freed` is gone."""
         out = _FreeGpus.__new__(_FreeGpus)
-        out.sess = sess
+        out.sess = self.sess
         out.whole = dict(self.whole)
         out._devices = None
-        out._victims = victims
-        room = _GpuRoom(sess, out, [])
-        freed: dict[tuple[int, str], int] = {}
-        scratch: dict[tuple[int, str], int] = {}
-        for t in victims:
-            room.free_into(t, out.whole, scratch, freed)
+        out._device_totals = None
+        out._top = None
+        out._top_count = 0
+        out._freed = freed
+        for node, gpus in freed.whole.items():
+            if gpus:
+                out.whole[node] = out.whole.get(node, 0) + gpus
+        for key, amount in freed.device.items():
+            group = self.sess.groups[key[0]].get(key[1])
+            if group is not None and amount + group.releasing >= group.used:
+                out.whole[key[0]] = out.whole.get(key[0], 0) + 1
         return out
+
+    def with_victims(self, sess: Session, victims: list[Task]) -> _FreeGpus:
+        freed = _Freed(sess)
+        for t in victims:
+            freed.add(t, +1)
+        return self.with_freed(freed)
+
+
+class _Freed:
+    """What a set of victims would free: whole GPUs per node and room per shared device,
+    kept as sums so victims can be added and removed one by one."""
+
+    __slots__ = ("device", "sess", "whole")
+
+    def __init__(self, sess: Session) -> None:
+        self.sess = sess
+        self.whole: dict[int, int] = {}
+        self.device: dict[tuple[int, str], int] = {}
+
+    def add(self, t: Task, sign: int) -> None:
+        if t.node < 0 or not self.sess.schedulable[t.node]:
+            return
+        if t.req.gpus:
+            self.whole[t.node] = self.whole.get(t.node, 0) + sign * t.req.gpus
+            return
+        for gid in t.groups:
+            key = (t.node, gid)
+            self.device[key] = self.device.get(key, 0) + sign * t.gpu_mem_cost
 
 
 class _GpuRoom:
@@ -160,29 +225,63 @@ class _GpuRoom:
              for _ in range(t.req.fraction_devices) if t.req.is_shared), reverse=True)
         self.trivial = not self.whole_needed and not self.fractions_needed
         self.whole = dict(base.whole)
-        self.devices = dict(base.devices) if self.fractions_needed else {}
+        # rooms of the devices the victims so far changed (0: freed whole); the others are as
+        # in `base`, which is not copied: a busy cluster has many shared devices
+        self.devices: dict[tuple[int, str], int] = {}
         self.freed: dict[tuple[int, str], int] = {}
+        # running sums and maxima of `whole` and the device rooms (maxima may overestimate):
+        # the necessary conditions they give reject most prefixes without the greedy match
+        self.total_whole, self.max_whole = base.whole_totals()
+        self.total_room, self.max_room = base.device_totals() if self.fractions_needed else (0, 0)
+
+    def _room(self, devices: dict[tuple[int, str], int], key: tuple[int, str]) -> int:
+        room = devices.get(key)
+        return self.base.devices.get(key, 0) if room is None else room
 
     def add_victim(self, task: Task) -> None:
-        if not self.trivial:
-            self.free_into(task, self.whole, self.devices, self.freed)
+        if self.trivial or task.node < 0:
+            return
+        node = task.node
+        before = self.whole.get(node, 0)
+        keys = [(node, gid) for gid in task.groups] if self.fractions_needed else []
+        rooms_before = [self._room(self.devices, key) for key in keys]
+        self.free_into(task, self.whole, self.devices, self.freed)
+        after = self.whole.get(node, 0)
+        self.total_whole += after - before
+        self.max_whole = max(self.max_whole, after)
+        for key, room_before in zip(keys, rooms_before, strict=True):
+            room = self._room(self.devices, key)
+            self.total_room += room - room_before
+            self.max_room = max(self.max_room, room)
 
     def enough(self) -> bool:
-        return self.trivial or self._match(self.whole, self.devices)
+        if self.trivial:
+            return True
+        if self.whole_needed and (self.total_whole < sum(self.whole_needed)
+                                  or self.max_whole < self.whole_needed[0]):
+            return False
+        if self.fractions_needed:
+            spare = self.total_whole - sum(self.whole_needed)
+            if (self.total_room + MILLI * spare < sum(self.fractions_needed)
+                    or max(self.max_room, MILLI if spare > 0 else 0) < self.fractions_needed[0]):
+                return False
+        return self._match(self.whole, self.devices)
 
     def enough_with(self, victims: list[Task]) -> bool:
         """The same test when only `victims` go (one scenario)."""
         if self.trivial:
             return True
         whole = dict(self.base.whole)
-        devices = dict(self.base.devices) if self.fractions_needed else {}
+        devices: dict[tuple[int, str], int] = {}
         freed: dict[tuple[int, str], int] = {}
         for t in victims:
             self.free_into(t, whole, devices, freed)
         return self._match(whole, devices)
 
     def free_into(self, t: Task, whole: dict[int, int], devices: dict[tuple[int, str], int],
-              freed: dict[tuple[int, str], int]) -> None:
+                  freed: dict[tuple[int, str], int]) -> None:
+        """Count victim `t` as gone: its whole GPUs, or its share of each of its devices (a
+        device all of whose sharers go becomes a whole GPU: its room is set to 0)."""
         sess = self.sess
         if t.node < 0 or not sess.schedulable[t.node]:
             return
@@ -197,11 +296,13 @@ class _GpuRoom:
                 continue
             if freed[key] + group.releasing >= group.used:
                 whole[t.node] = whole.get(t.node, 0) + 1
-                devices.pop(key, None)
+                devices[key] = 0
             elif self.fractions_needed:
                 devices[key] = MILLI - group.used + group.releasing + freed[key]
 
     def _match(self, whole: dict[int, int], devices: dict[tuple[int, str], int]) -> bool:
+        """Greedy, largest request into the roomiest place. Only the k roomiest places can
+        take part in matching k requests, so no more are gathered."""
         heap = [-v for v in whole.values() if v > 0]
         heapq.heapify(heap)
         for need in self.whole_needed:
@@ -211,7 +312,12 @@ class _GpuRoom:
             heapq.heappush(heap, -(most - need))
         if not self.fractions_needed:
             return True
-        rooms = [-v for v in devices.values() if v > 0] + [-MILLI] * (-sum(heap))
+        k = len(self.fractions_needed)
+        rooms = [-v for v in devices.values() if v > 0]
+        for room, key in self.base.top_rooms(k + len(devices)):
+            if key not in devices:
+                rooms.append(-room)
+        rooms.extend([-MILLI] * min(k, -sum(heap)))
         heapq.heapify(rooms)
         for cost in self.fractions_needed:
             most = -heapq.heappop(rooms) if rooms else 0
@@ -271,54 +377,91 @@ class FailedJobs:
             self.failed[key] = mine
 
 
+def _unit_of(job: JobState) -> VictimUnit | None:
+    units = victim_units([job])
+    return units[0] if units else None
+
+
+class _ScopeVictims:
+    """One scope's victim units, their victim-order queue and what they would free together,
+    updated job by job (candidate membership is fixed within an action)."""
+
+    def __init__(self, sess: Session, jobs: list[JobState]) -> None:
+        self.units: dict[str, VictimUnit] = {}
+        self.freed = _Freed(sess)
+        for job in jobs:
+            self._add(job)
+        self.queue: JobQueue[VictimUnit] = JobQueue(sess, self.units.values(), reverse=True)
+
+    def _add(self, job: JobState) -> VictimUnit | None:
+        unit = _unit_of(job)
+        if unit is not None:
+            self.units[job.name] = unit
+            for t in unit.tasks:
+                self.freed.add(t, +1)
+        return unit
+
+    def update(self, jobs: list[JobState]) -> None:
+        names = {job.name for job in jobs}
+        for name in names:
+            old = self.units.pop(name, None)
+            if old is not None:
+                for t in old.tasks:
+                    self.freed.add(t, -1)
+        for heap in self.queue.heaps.values():
+            if any(entry[2].job.name in names for entry in heap):
+                heap[:] = [entry for entry in heap if entry[2].job.name not in names]
+                heapq.heapify(heap)
+        for job in jobs:
+            unit = self._add(job)
+            if unit is not None:
+                self.queue.push(unit)
+
+
 class VictimCache:
     """Victim candidates and free GPUs for one action run. A job that fails rolls the session
     back; one that succeeds changes only the jobs its decisions touched (found in the undo log),
-    so only their victim units are rebuilt. Keyed by the candidates' scope (which victims a job
-    may take); candidate membership is fixed within an action."""
+    so only their victim units are rebuilt, in the scopes that hold them. Keyed by the
+    candidates' scope (which victims a job may take)."""
 
     def __init__(self) -> None:
         self.version = -1
         self.free: _FreeGpus | None = None
-        self.scopes: dict[object, dict[str, VictimUnit | None]] = {}
-        self.entries: dict[object, tuple[list[VictimUnit], _FreeGpus,
-                                         JobQueue[VictimUnit]]] = {}
+        self.scopes: dict[object, _ScopeVictims] = {}
+        self.member_of: dict[str, list[_ScopeVictims]] = {}
+        self.all_freed: dict[object, _FreeGpus] = {}
 
     def get(self, sess: Session, scope: object, candidates: Callable[[], list[JobState]]
-            ) -> tuple[list[VictimUnit], _FreeGpus, _FreeGpus, JobQueue[VictimUnit]]:
+            ) -> tuple[_FreeGpus, _FreeGpus, JobQueue[VictimUnit]]:
         if self.version != len(sess.undo) or self.free is None:
-            touched = None  # None: rebuild everything
             if 0 <= self.version <= len(sess.undo):
-                touched = {id(entry[1].job) for entry in sess.undo[self.version:]
-                           if isinstance(entry[1], Task)}
+                touched = list({id(entry[1].job): entry[1].job for entry in sess.undo[self.version:]
+                                if isinstance(entry[1], Task)}.values())
+                by_scope: dict[int, tuple[_ScopeVictims, list[JobState]]] = {}
+                for job in touched:
+                    for victims in self.member_of.get(job.name, ()):
+                        by_scope.setdefault(id(victims), (victims, []))[1].append(job)
+                for victims, jobs in by_scope.values():
+                    victims.update(jobs)
+            else:
+                self.scopes, self.member_of = {}, {}
             self.version = len(sess.undo)
             self.free = _FreeGpus(sess)
-            self.entries = {}
-            for units in self.scopes.values():
-                for name in list(units):
-                    job = sess.jobs[name]
-                    if touched is None or id(job) in touched:
-                        units[name] = _unit_of(job)
+            self.all_freed = {}
         if scope is None:
-            units_list = victim_units(candidates())
-            all_freed = self.free.with_victims(sess, [t for u in units_list for t in u.tasks])
-            return units_list, self.free, all_freed, JobQueue(sess, units_list, reverse=True)
-        entry = self.entries.get(scope)
-        if entry is None:
-            by_job = self.scopes.get(scope)
-            if by_job is None:
-                by_job = {job.name: _unit_of(job) for job in candidates()}
-                self.scopes[scope] = by_job
-            units_list = [u for u in by_job.values() if u is not None]
-            all_freed = self.free.with_victims(sess, [t for u in units_list for t in u.tasks])
-            entry = (units_list, all_freed, JobQueue(sess, units_list, reverse=True))
-            self.entries[scope] = entry
-        return entry[0], self.free, entry[1], entry[2]
-
-
-def _unit_of(job: JobState) -> VictimUnit | None:
-    units = victim_units([job])
-    return units[0] if units else None
+            units = victim_units(candidates())
+            all_freed = self.free.with_victims(sess, [t for u in units for t in u.tasks])
+            return self.free, all_freed, JobQueue(sess, units, reverse=True)
+        victims = self.scopes.get(scope)
+        if victims is None:
+            jobs = candidates()
+            victims = self.scopes[scope] = _ScopeVictims(sess, jobs)
+            for job in jobs:
+                self.member_of.setdefault(job.name, []).append(victims)
+        all_freed = self.all_freed.get(scope)
+        if all_freed is None:
+            all_freed = self.all_freed[scope] = self.free.with_freed(victims.freed)
+        return self.free, all_freed, victims.queue
 
 
 class Solver:
@@ -335,7 +478,6 @@ class Solver:
         # victims for this job (more victims from them would be rejected the same way)
         self.exhausted: set[str] = set()
         self.message = message
-        self._units: list[VictimUnit] = []
         self._free = self._all_freed = _FreeGpus(sess)
         self._victim_queue: JobQueue[VictimUnit] = JobQueue(sess, (), reverse=True)
 
@@ -350,8 +492,8 @@ class Solver:
         active_before = job.active_count()
         # the state is rolled back to `base` before every prefix, so the candidates and the free
         # GPUs are the same for all of them
-        (self._units, self._free, self._all_freed,
-         self._victim_queue) = self.cache.get(sess, self.scope, self.candidates)
+        self._free, self._all_freed, self._victim_queue = self.cache.get(
+            sess, self.scope, self.candidates)
         recorded: list[Task] = []
         solved = False
         for k in range(1, len(tasks) + 1):
@@ -380,7 +522,7 @@ class Solver:
         if not _GpuRoom(self.sess, self._all_freed, prefix).enough():
             return None  # not even every candidate victim together would make room
         queue = self._victim_queue.clone()
-        potential: list[Task] = []
+        potential: dict[int, list[Task]] = {}  # by node, in the order they were taken
         while (unit := queue.pop()) is not None:
             if self.exhausted and any(q.name in self.exhausted
                                       for q in self.sess.queue_path(unit.queue)):
@@ -393,13 +535,13 @@ class Solver:
                 continue
             if rest is not None:
                 queue.push(rest)
-            potential.extend(taken)
             for t in taken:
+                potential.setdefault(t.node, []).append(t)
                 room.add_victim(t)
             if not room.enough():
                 continue  # even every victim so far would not free enough GPUs: skip simulating
             for node in sorted({t.node for t in taken}):
-                scenario = recorded + [t for t in potential if t.node == node]
+                scenario = recorded + potential[node]
                 if not room.enough_with(scenario):
                     continue
                 result = self._try(job, prefix, scenario)
