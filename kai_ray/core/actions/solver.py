@@ -452,16 +452,15 @@ class VictimCache:
             units = victim_units(candidates())
             all_freed = self.free.with_victims(sess, [t for u in units for t in u.tasks])
             return self.free, all_freed, JobQueue(sess, units, reverse=True)
-        victims = self.scopes.get(scope)
-        if victims is None:
+        if scope not in self.scopes:
             jobs = candidates()
-            victims = self.scopes[scope] = _ScopeVictims(sess, jobs)
+            self.scopes[scope] = _ScopeVictims(sess, jobs)
             for job in jobs:
-                self.member_of.setdefault(job.name, []).append(victims)
-        all_freed = self.all_freed.get(scope)
-        if all_freed is None:
-            all_freed = self.all_freed[scope] = self.free.with_freed(victims.freed)
-        return self.free, all_freed, victims.queue
+                self.member_of.setdefault(job.name, []).append(self.scopes[scope])
+        victims = self.scopes[scope]
+        if scope not in self.all_freed:
+            self.all_freed[scope] = self.free.with_freed(victims.freed)
+        return self.free, self.all_freed[scope], victims.queue
 
 
 class Solver:
