@@ -113,6 +113,8 @@ class _FreeGpus:
         self._device_totals: tuple[int, int] | None = None
         self._top: list[tuple[int, tuple[int, str]]] | None = None
         self._top_count = 0
+        self._top_whole: list[tuple[int, int]] | None = None
+        self._whole_totals: tuple[int, int] | None = None
         self._freed: _Freed | None = None
 
     @property
@@ -149,9 +151,20 @@ class _FreeGpus:
             self._top_count = limit
         return self._top[:count]
 
+    def top_whole(self, count: int) -> list[tuple[int, int]]:
+        """The `count` nodes with the most free whole GPUs (gpus, node), most first."""
+        if self._top_whole is None or (len(self._top_whole) < count
+                                       and len(self._top_whole) < len(self.whole)):
+            limit = max(count, 2 * len(self._top_whole or ()), 32)
+            self._top_whole = heapq.nlargest(limit, ((v, n) for n, v in self.whole.items()
+                                                     if v > 0))
+        return self._top_whole[:count]
+
     def whole_totals(self) -> tuple[int, int]:
         """Free whole GPUs: in total and on the roomiest node."""
-        return sum(self.whole.values()), max(self.whole.values(), default=0)
+        if self._whole_totals is None:
+            self._whole_totals = (sum(self.whole.values()), max(self.whole.values(), default=0))
+        return self._whole_totals
 
     def device_totals(self) -> tuple[int, int]:
         """Room on partly used shared devices: in total and on the roomiest device."""
@@ -169,6 +182,8 @@ class _FreeGpus:
         out._device_totals = None
         out._top = None
         out._top_count = 0
+        out._top_whole = None
+        out._whole_totals = None
         out._freed = freed
         for node, gpus in freed.whole.items():
             if gpus:
@@ -224,9 +239,10 @@ class _GpuRoom:
             (sess.device_cost(t.req, widest) for t in prefix
              for _ in range(t.req.fraction_devices) if t.req.is_shared), reverse=True)
         self.trivial = not self.whole_needed and not self.fractions_needed
-        self.whole = dict(base.whole)
-        # rooms of the devices the victims so far changed (0: freed whole); the others are as
-        # in `base`, which is not copied: a busy cluster has many shared devices
+        # free whole GPUs of the nodes and rooms of the devices the victims so far changed
+        # (room 0: freed whole); the others are as in `base`, which is not copied: it can
+        # hold every node
+        self.whole: dict[int, int] = {}
         self.devices: dict[tuple[int, str], int] = {}
         self.freed: dict[tuple[int, str], int] = {}
         # running sums and maxima of `whole` and the device rooms (maxima may overestimate):
@@ -242,11 +258,11 @@ class _GpuRoom:
         if self.trivial or task.node < 0:
             return
         node = task.node
-        before = self.whole.get(node, 0)
+        before = self.whole.get(node, self.base.whole.get(node, 0))
         keys = [(node, gid) for gid in task.groups] if self.fractions_needed else []
         rooms_before = [self._room(self.devices, key) for key in keys]
         self.free_into(task, self.whole, self.devices, self.freed)
-        after = self.whole.get(node, 0)
+        after = self.whole.get(node, self.base.whole.get(node, 0))
         self.total_whole += after - before
         self.max_whole = max(self.max_whole, after)
         for key, room_before in zip(keys, rooms_before, strict=True):
@@ -271,7 +287,7 @@ class _GpuRoom:
         """The same test when only `victims` go (one scenario)."""
         if self.trivial:
             return True
-        whole = dict(self.base.whole)
+        whole: dict[int, int] = {}
         devices: dict[tuple[int, str], int] = {}
         freed: dict[tuple[int, str], int] = {}
         for t in victims:
@@ -285,8 +301,9 @@ class _GpuRoom:
         sess = self.sess
         if t.node < 0 or not sess.schedulable[t.node]:
             return
+        base = self.base.whole
         if t.req.gpus:
-            whole[t.node] = whole.get(t.node, 0) + t.req.gpus
+            whole[t.node] = whole.get(t.node, base.get(t.node, 0)) + t.req.gpus
             return
         for gid in t.groups:
             key = (t.node, gid)
@@ -295,7 +312,7 @@ class _GpuRoom:
             if group is None:
                 continue
             if freed[key] + group.releasing >= group.used:
-                whole[t.node] = whole.get(t.node, 0) + 1
+                whole[t.node] = whole.get(t.node, base.get(t.node, 0)) + 1
                 devices[key] = 0
             elif self.fractions_needed:
                 devices[key] = MILLI - group.used + group.releasing + freed[key]
@@ -304,6 +321,9 @@ class _GpuRoom:
         """Greedy, largest request into the roomiest place. Only the k roomiest places can
         take part in matching k requests, so no more are gathered."""
         heap = [-v for v in whole.values() if v > 0]
+        for gpus, node in self.base.top_whole(len(self.whole_needed) + len(whole)):
+            if node not in whole:
+                heap.append(-gpus)
         heapq.heapify(heap)
         for need in self.whole_needed:
             most = -heapq.heappop(heap) if heap else 0
@@ -317,7 +337,10 @@ class _GpuRoom:
         for room, key in self.base.top_rooms(k + len(devices)):
             if key not in devices:
                 rooms.append(-room)
-        rooms.extend([-MILLI] * min(k, -sum(heap)))
+        base_whole = self.base.whole
+        spare = (self.base.whole_totals()[0] - sum(self.whole_needed)
+                 + sum(v - base_whole.get(n, 0) for n, v in whole.items()))
+        rooms.extend([-MILLI] * min(k, spare))
         heapq.heapify(rooms)
         for cost in self.fractions_needed:
             most = -heapq.heappop(rooms) if rooms else 0
