@@ -10,9 +10,18 @@ import pytest
 
 from kai_ray.core.actions import allocate
 from kai_ray.core.actions.solver import _FreeGpus, _GpuRoom
-from kai_ray.core.model import PodStatus, SchedulerConfig
+from kai_ray.core.model import (
+    Job,
+    Node,
+    Pod,
+    PodStatus,
+    Queue,
+    Request,
+    SchedulerConfig,
+    Snapshot,
+)
 from kai_ray.core.state import MILLI, Session, Task
-from kai_ray.sim.synthetic import cluster
+from kai_ray.sim.synthetic import OPEN, cluster
 
 
 def _greedy(needs: list[int], places: list[int]) -> bool:
@@ -77,6 +86,10 @@ def test_room_matches_a_plain_greedy_match(seed: int) -> None:
         pool = rng.choice([pending, [t for t in pending if t.req.is_shared] or pending])
         prefix = rng.sample(pool, rng.randint(1, min(16, len(pool))))
         victims = rng.sample(candidates, rng.randint(0, min(24, len(candidates))))
+        if rng.random() < 0.5:
+            # every pod of a few nodes: shared devices free up entirely
+            nodes = set(rng.sample(range(len(sess.nodes)), 3))
+            victims = [t for t in candidates if t.node in nodes]
         room = _GpuRoom(sess, base, prefix)
         expected = _reference(sess, prefix, victims)
         assert room.enough_with(victims) == expected
@@ -85,3 +98,30 @@ def test_room_matches_a_plain_greedy_match(seed: int) -> None:
         assert room.enough() == expected
         checked += expected
     assert 0 < checked < 120  # both answers occur, so the comparison means something
+
+
+def test_a_device_freed_entirely_is_a_whole_gpu_not_also_its_old_room() -> None:
+    """Two GPUs: one shared by a half pod (room 500), one by a 0.75 pod (room 250). Evicting
+    the half leaves a whole GPU and the 250 room: 0.75 then 0.5 no longer fit (counting the
+    freed device's old room as well would say they do)."""
+    node = Node(name="n0", cpu_m=64_000, memory=256 * 10**9, gpus=2, gpu_memory_mib=81920)
+    running = tuple(
+        Pod(name, Request(cpu_m=100, memory=10**9, gpu_fraction_milli=milli),
+            status=PodStatus.RUNNING, node="n0", gpu_groups=(group,))
+        for name, milli, group in (("half", 500, "n0-dev0"), ("big", 750, "n0-dev1")))
+    pending = tuple(Pod(f"p{i}", Request(cpu_m=100, memory=10**9, gpu_fraction_milli=m))
+                    for i, m in enumerate((750, 500)))
+    snapshot = Snapshot(
+        nodes=(node,), queues=(Queue("q", gpu=OPEN, cpu=OPEN, memory=OPEN),),
+        jobs=(Job("running", queue="q", priority=50, pods=running, min_member=2),
+              Job("new", queue="q", priority=50, pods=pending, min_member=2)))
+    sess = Session(snapshot, SchedulerConfig(), 0.0)
+    victim = next(t for t in sess.tasks if t.name == "half")
+    prefix = [t for t in sess.tasks if t.status == PodStatus.PENDING]
+    assert _reference(sess, prefix, [victim]) is False
+    assert _reference(sess, prefix[:1], [victim]) is True
+    room = _GpuRoom(sess, _FreeGpus(sess), prefix)
+    assert room.enough_with([victim]) is False
+    room.add_victim(victim)
+    assert room.enough() is False
+    assert _GpuRoom(sess, _FreeGpus(sess), prefix[:1]).enough_with([victim]) is True

@@ -14,6 +14,7 @@ import heapq
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
+from typing import TypeVar
 
 import numpy as np
 
@@ -22,6 +23,7 @@ from kai_ray.core.model import PodStatus
 from kai_ray.core.ordering import JobQueue
 from kai_ray.core.state import MILLI, EvictInfo, JobState, Session, Task
 
+_K = TypeVar("_K")
 _VICTIM_STATES = (PodStatus.ALLOCATED, PodStatus.BINDING, PodStatus.BOUND, PodStatus.RUNNING)
 
 
@@ -249,6 +251,13 @@ class _GpuRoom:
         # the necessary conditions they give reject most prefixes without the greedy match
         self.total_whole, self.max_whole = base.whole_totals()
         self.total_room, self.max_room = base.device_totals() if self.fractions_needed else (0, 0)
+        # the k nodes with the most free whole GPUs and the k roomiest devices: a greedy match
+        # of k requests never uses others. Victims only add room, so both stay exact by
+        # insertion, except when a device frees up entirely (its room goes to 0, it becomes a
+        # whole GPU): then the device top is rebuilt (None)
+        self.top_whole = {n: v for v, n in base.top_whole(len(self.whole_needed))}
+        self.top_rooms: dict[tuple[int, str], int] | None = (
+            {key: v for v, key in base.top_rooms(len(self.fractions_needed))})
 
     def _room(self, devices: dict[tuple[int, str], int], key: tuple[int, str]) -> int:
         room = devices.get(key)
@@ -265,10 +274,18 @@ class _GpuRoom:
         after = self.whole.get(node, self.base.whole.get(node, 0))
         self.total_whole += after - before
         self.max_whole = max(self.max_whole, after)
+        if after > before:
+            _raise_in_top(self.top_whole, node, after, len(self.whole_needed))
         for key, room_before in zip(keys, rooms_before, strict=True):
             room = self._room(self.devices, key)
             self.total_room += room - room_before
             self.max_room = max(self.max_room, room)
+            if self.top_rooms is None:
+                continue
+            if room > room_before:
+                _raise_in_top(self.top_rooms, key, room, len(self.fractions_needed))
+            elif room < room_before and key in self.top_rooms:
+                self.top_rooms = None
 
     def enough(self) -> bool:
         if self.trivial:
@@ -281,7 +298,10 @@ class _GpuRoom:
             if (self.total_room + MILLI * spare < sum(self.fractions_needed)
                     or max(self.max_room, MILLI if spare > 0 else 0) < self.fractions_needed[0]):
                 return False
-        return self._match(self.whole, self.devices)
+        if self.top_rooms is None:
+            self.top_rooms = dict(self._merged_rooms(self.devices))
+        return self._greedy(list(self.top_whole.values()), list(self.top_rooms.values()),
+                            self.total_whole)
 
     def enough_with(self, victims: list[Task]) -> bool:
         """The same test when only `victims` go (one scenario)."""
@@ -318,12 +338,33 @@ class _GpuRoom:
                 devices[key] = MILLI - group.used + group.releasing + freed[key]
 
     def _match(self, whole: dict[int, int], devices: dict[tuple[int, str], int]) -> bool:
-        """Greedy, largest request into the roomiest place. Only the k roomiest places can
-        take part in matching k requests, so no more are gathered."""
-        heap = [-v for v in whole.values() if v > 0]
+        """The greedy match for one scenario's overlay (`whole`, `devices`) over `base`."""
+        tops = [v for v in whole.values() if v > 0]
         for gpus, node in self.base.top_whole(len(self.whole_needed) + len(whole)):
             if node not in whole:
-                heap.append(-gpus)
+                tops.append(gpus)
+        base_whole = self.base.whole
+        total = (self.base.whole_totals()[0]
+                 + sum(v - base_whole.get(n, 0) for n, v in whole.items()))
+        rooms = [v for _, v in self._merged_rooms(devices)] if self.fractions_needed else []
+        return self._greedy(tops, rooms, total)
+
+    def _merged_rooms(self, devices: dict[tuple[int, str], int]
+                      ) -> list[tuple[tuple[int, str], int]]:
+        """The k roomiest devices, with the overlay `devices` over `base`."""
+        k = len(self.fractions_needed)
+        merged = [(key, v) for key, v in devices.items() if v > 0]
+        for room, key in self.base.top_rooms(k + len(devices)):
+            if key not in devices:
+                merged.append((key, room))
+        merged.sort(key=lambda item: -item[1])
+        return merged[:k]
+
+    def _greedy(self, tops: list[int], rooms: list[int], total_whole: int) -> bool:
+        """Largest request into the roomiest place: whole requests into nodes' free whole GPUs
+        (`tops` holds at least the k largest), then fractions into device rooms and the whole
+        GPUs left over. Only the k roomiest places can take part in matching k requests."""
+        heap = [-v for v in tops if v > 0]
         heapq.heapify(heap)
         for need in self.whole_needed:
             most = -heapq.heappop(heap) if heap else 0
@@ -333,21 +374,28 @@ class _GpuRoom:
         if not self.fractions_needed:
             return True
         k = len(self.fractions_needed)
-        rooms = [-v for v in devices.values() if v > 0]
-        for room, key in self.base.top_rooms(k + len(devices)):
-            if key not in devices:
-                rooms.append(-room)
-        base_whole = self.base.whole
-        spare = (self.base.whole_totals()[0] - sum(self.whole_needed)
-                 + sum(v - base_whole.get(n, 0) for n, v in whole.items()))
-        rooms.extend([-MILLI] * min(k, spare))
-        heapq.heapify(rooms)
+        spare = total_whole - sum(self.whole_needed)
+        places = [-v for v in rooms if v > 0] + [-MILLI] * min(k, spare)
+        heapq.heapify(places)
         for cost in self.fractions_needed:
-            most = -heapq.heappop(rooms) if rooms else 0
+            most = -heapq.heappop(places) if places else 0
             if most < cost:
                 return False
-            heapq.heappush(rooms, -(most - cost))
+            heapq.heappush(places, -(most - cost))
         return True
+
+
+def _raise_in_top(top: dict[_K, int], key: _K, value: int, k: int) -> None:
+    """`key`'s value grew to `value`: keep `top` the k largest values (ties are equivalent)."""
+    if key in top or len(top) < k:
+        top[key] = value
+        return
+    if not top:
+        return
+    low = min(top, key=top.__getitem__)
+    if value > top[low]:
+        del top[low]
+        top[key] = value
 
 
 def _gpu_amount(task: Task) -> float:
