@@ -145,6 +145,18 @@ class ShapeSet:
         """The GPU shapes merged over their model constraint, computed once per shape set."""
         return _Base.of(self)
 
+    @cached_property
+    def _arrival_cache(self) -> dict[bytes, FloatArr]:
+        return {}
+
+    def arrival_weight(self, supply: FloatArr) -> FloatArr:
+        """`arrival_weight(self, supply)`, cached per supply vector."""
+        key = np.asarray(supply, dtype=np.float64).tobytes()
+        got = self._arrival_cache.get(key)
+        if got is None:
+            got = self._arrival_cache[key] = arrival_weight(self, supply)
+        return got
+
 
 @dataclass(frozen=True)
 class _Base:
@@ -159,6 +171,7 @@ class _Base:
     weight: FloatArr
     uniq_milli: IntArr
     milli_inv: IntArr
+    shape_base: IntArr  # (Kg,) base index of each GPU shape (shapes with gpu_milli > 0, in order)
 
     @staticmethod
     def of(shapes: ShapeSet) -> _Base:
@@ -179,7 +192,7 @@ class _Base:
         return _Base(cpu=uniq[:, 0].astype(np.int64), num=uniq[:, 1].astype(np.int64),
                      milli=milli, mem=uniq[:, 3].astype(np.int64) if len(cols) == 4 else None,
                      weight=weight, uniq_milli=um.astype(np.int64),
-                     milli_inv=np.asarray(minv, dtype=np.int64).reshape(-1))
+                     milli_inv=np.asarray(minv, dtype=np.int64).reshape(-1), shape_base=inv)
 
 
 def typical_shapes(cpu_milli: IntArr, num_gpu: IntArr, gpu_milli: IntArr, allowed: BoolArr,
@@ -340,13 +353,14 @@ def _shared_frag_delta(state: NodeState, nodes: IntArr, req: PodRequest,
 
 
 def _pair_delta(state: NodeState, nodes: IntArr, rows: IntArr, free: IntArr, req: PodRequest,
-                shapes: ShapeSet) -> FloatArr:
+                shapes: ShapeSet, weights: FloatArr | None = None) -> FloatArr:
     """Fragmentation growth for (node row, device free value) pairs: the device goes from
-    `free` to `free - gpu_milli` and the node's CPU drops by the request."""
+    `free` to `free - gpu_milli` and the node's CPU drops by the request. `weights`: the
+    (M + 1, B) per-model shape weights (default `shapes.base.weight`)."""
     base = shapes.base
     gf = state.gpu_free[nodes]
     cnt, sless, total = _shape_stats(gf, base)
-    w = base.weight[_model_rows(state, shapes)[nodes]]
+    w = (base.weight if weights is None else weights)[_model_rows(state, shapes)[nodes]]
     cpu = state.cpu_free[nodes]
     before = _frag(cpu, cnt, sless, total, w, base)
     m = base.milli[None, :]
@@ -368,36 +382,37 @@ def _distinct_pairs(gf: IntArr, milli: int) -> tuple[IntArr, IntArr]:
     return r[first], gf[r[first], c[first]]
 
 
-def _shared_best_delta(state: NodeState, nodes: IntArr, req: PodRequest,
-                       shapes: ShapeSet) -> FloatArr:
+def _shared_best_delta(state: NodeState, nodes: IntArr, req: PodRequest, shapes: ShapeSet,
+                       weights: FloatArr | None = None) -> FloatArr:
     """(len(nodes),) least growth over a node's devices; equal free values are evaluated once."""
     rows, free = _distinct_pairs(state.gpu_free[nodes], req.gpu_milli)
-    d = _pair_delta(state, nodes, rows, free, req, shapes)
+    d = _pair_delta(state, nodes, rows, free, req, shapes, weights)
     out = np.full(nodes.shape[0], np.inf)
     np.minimum.at(out, rows, d)
     return out
 
 
 def frag_delta(state: NodeState, req: PodRequest, shapes: ShapeSet,
-               nodes: IntArr | None = None) -> FloatArr:
+               nodes: IntArr | None = None, weights: FloatArr | None = None) -> FloatArr:
     """Fragmentation growth per node (best device for shared requests), +inf where it can't go.
 
     Whole-GPU requests take fully free devices (which count towards no shape's fragment before
     or after), so only the device count, the idle total and the CPU change. `nodes` (indices)
-    must all fit the request; without it every node is scored.
+    must all fit the request; without it every node is scored. `weights`: per-model shape
+    weights (M + 1, B), default FGD's (`shapes.base.weight`, popularity).
     """
     if nodes is None:
         ok = fits(state, req)
         out = np.full(state.n_nodes, np.inf)
-        out[ok] = frag_delta(state, req, shapes, np.flatnonzero(ok))
+        out[ok] = frag_delta(state, req, shapes, np.flatnonzero(ok), weights)
         return out
     idx = nodes
     if req.shared:
-        return _shared_best_delta(state, idx, req, shapes)
+        return _shared_best_delta(state, idx, req, shapes, weights)
     base = shapes.base
     gf = state.gpu_free[idx]
     cnt, sless, total = _shape_stats(gf, base)
-    w = base.weight[_model_rows(state, shapes)[idx]]
+    w = (base.weight if weights is None else weights)[_model_rows(state, shapes)[idx]]
     cpu = state.cpu_free[idx]
     before = _frag(cpu, cnt, sless, total, w, base)
     n = req.num_gpu
@@ -410,6 +425,41 @@ def _fgd_int_score(delta: FloatArr) -> FloatArr:
     with np.errstate(over="ignore"):
         sig = 1.0 / (1.0 + np.exp(delta / GPU_MILLI))
     return np.floor(sig * 100.0)
+
+
+def model_supply(state: NodeState, shapes: ShapeSet) -> FloatArr:
+    """(M,) GPU devices per model id in the cluster (slots, free or not)."""
+    m = shapes.allowed.shape[1]
+    slots = (state.gpu_free >= 0).sum(axis=1)
+    counts = np.bincount(_model_rows(state, shapes), weights=slots, minlength=m + 1)[:m]
+    return np.asarray(counts, dtype=np.float64)
+
+
+def arrival_weight(shapes: ShapeSet, supply: FloatArr) -> FloatArr:
+    """(M + 1, B) per-model shape weights as arrivals on a node of that model see them.
+
+    A shape's pods spread over the models it allows, in proportion to their GPU `supply` (M,),
+    so a node of a scarce model meets the shapes pinned to it far more often than their global
+    popularity says (a pod pinned to one model of 4 % of the GPUs lands there every time, an
+    unpinned one 4 % of the time). Each model's row is then rescaled to the total of its
+    popularity row (`base.weight`), so only the mix of shapes a node expects changes, not how
+    much of its idle GPU counts as unusable by the shapes it cannot host.
+    """
+    base = shapes.base
+    m = shapes.allowed.shape[1]
+    gpu = np.flatnonzero(shapes.gpu_milli > 0)
+    sup = np.asarray(supply, dtype=np.float64)
+    if sup.shape != (m,):
+        raise ValueError(f"arrival_weight: supply must have shape ({m},), got {sup.shape}")
+    allowed = shapes.allowed[gpu] & (sup > 0)[None, :]  # (Kg, M)
+    reach = allowed @ sup  # GPU supply each shape can use
+    share = np.where(allowed, sup[None, :] / np.maximum(reach, 1e-9)[:, None], 0.0)
+    per_shape = share.T * shapes.weight[gpu][None, :]  # (M, Kg)
+    out = np.zeros((m + 1, base.cpu.shape[0]))
+    np.add.at(out[:m].T, base.shape_base, per_shape.T)
+    got, want = out.sum(axis=1, keepdims=True), base.weight.sum(axis=1, keepdims=True)
+    return np.asarray(np.where(got > 0, out * (want / np.where(got > 0, got, 1.0)), 0.0),
+                      dtype=np.float64)
 
 
 # ------------------------------------------------------------------------ look-ahead waste
@@ -604,7 +654,8 @@ def score(policy: str, state: NodeState, req: PodRequest,
         if policy == "fgd":
             out[idx] = _fgd_int_score(frag_delta(state, req, shapes, idx))
         else:
-            fgd = _fgd_int_score(frag_delta(state, req, shapes, idx))
+            arrivals = shapes.arrival_weight(model_supply(state, shapes))
+            fgd = _fgd_int_score(frag_delta(state, req, shapes, idx, arrivals))
             ahead = fill_delta(state, req, shapes, idx)
             out[idx] = fgd * 1e6 + np.floor(-ahead / LOOKAHEAD_STEP)
     return out
