@@ -25,7 +25,10 @@ Policies (`POLICIES`):
   0..9 on free whole GPUs (CPU millis for CPU-only pods); device: fullest device that fits.
 - `fgd`: Fragmentation Gradient Descent (ATC '23): least growth of the expected fragmented GPU
   amount against the typical shapes, scored `int(100·sigmoid(-Δfrag/1000))` as the reference.
-- `lookahead` (ours): FGD's integer score first; then, among nodes in the same FGD bucket (the
+- `lookahead` (ours): FGD's integer score first, but with each node weighing the typical shapes
+  as its arrivals will (`arrival_weight`: a shape pinned to GPU models spreads over those
+  models by their GPU supply, so a scarce model's nodes mostly see the shapes pinned to it,
+  not the global mix); then, among nodes in the same FGD bucket (the
   reference breaks those ties by node name alone), the least growth of a look-ahead waste,
   counted in whole GPUs; then node order. The look-ahead waste of a node is, per typical shape,
   the idle GPU that a stream of such pods could not use, given the expected leftover of each
@@ -35,6 +38,10 @@ Policies (`POLICIES`):
   FGD only asks whether one pod of each shape still fits, so it is blind to the slivers a
   partly filled device leaves after the next pods and to CPU running out after a few.
   Devices: FGD's device score, then the look-ahead, then the fullest device.
+
+Shapes that differ only by their allowed GPU models are evaluated once (`ShapeSet.base`), with a
+per-model weight table; that keeps the model-pinned traces (127 typical shapes, 45 distinct
+without the model constraint) about as fast as the unconstrained ones.
 """
 
 from __future__ import annotations
@@ -140,6 +147,60 @@ class ShapeSet:
         """`device_leftover(self)`, computed once per shape set."""
         return device_leftover(self)
 
+    @cached_property
+    def base(self) -> _Base:
+        """The GPU shapes merged over their model constraint, computed once per shape set."""
+        return _Base.of(self)
+
+    @cached_property
+    def _arrival_cache(self) -> dict[bytes, FloatArr]:
+        return {}
+
+    def arrival_weight(self, supply: FloatArr) -> FloatArr:
+        """`arrival_weight(self, supply)`, cached per supply vector."""
+        key = np.asarray(supply, dtype=np.float64).tobytes()
+        got = self._arrival_cache.get(key)
+        if got is None:
+            got = self._arrival_cache[key] = arrival_weight(self, supply)
+        return got
+
+
+@dataclass(frozen=True)
+class _Base:
+    """Distinct GPU shapes (B) ignoring the model constraint, and per-model weights: row m of
+    `weight` (M + 1, B) sums the popularity of the shapes of each base that model m admits
+    (row M: nodes without an allowed model, all zero)."""
+
+    cpu: IntArr
+    num: IntArr
+    milli: IntArr
+    mem: IntArr | None
+    weight: FloatArr
+    uniq_milli: IntArr
+    milli_inv: IntArr
+    shape_base: IntArr  # (Kg,) base index of each GPU shape (shapes with gpu_milli > 0, in order)
+
+    @staticmethod
+    def of(shapes: ShapeSet) -> _Base:
+        gpu = np.flatnonzero(shapes.gpu_milli > 0)
+        cols = [shapes.cpu_milli[gpu], shapes.num_gpu[gpu], shapes.gpu_milli[gpu]]
+        if shapes.memory_mib is not None:
+            cols.append(shapes.memory_mib[gpu])
+        keys = np.stack(cols, axis=1).reshape(gpu.shape[0], len(cols))
+        uniq, inv = np.unique(keys, axis=0, return_inverse=True)
+        inv = np.asarray(inv, dtype=np.int64).reshape(-1)
+        m = shapes.allowed.shape[1]
+        weight = np.zeros((m + 1, uniq.shape[0]))
+        contrib = shapes.allowed[gpu].T * shapes.weight[gpu][None, :]  # (M, Kg)
+        for j in range(uniq.shape[0]):
+            weight[:m, j] = contrib[:, inv == j].sum(axis=1)
+        milli = uniq[:, 2].astype(np.int64)
+        um, minv = np.unique(milli, return_inverse=True)
+        return _Base(cpu=uniq[:, 0].astype(np.int64), num=uniq[:, 1].astype(np.int64),
+                     milli=milli, mem=uniq[:, 3].astype(np.int64) if len(cols) == 4 else None,
+                     weight=weight, uniq_milli=um.astype(np.int64),
+                     milli_inv=np.asarray(minv, dtype=np.int64).reshape(-1), shape_base=inv)
+
 
 def typical_shapes(cpu_milli: IntArr, num_gpu: IntArr, gpu_milli: IntArr, allowed: BoolArr,
                    threshold: float = 0.95, kind: IntArr | None = None) -> ShapeSet:
@@ -237,48 +298,52 @@ def apply(state: NodeState, node: int, devices: IntArr, req: PodRequest) -> None
 
 
 # ------------------------------------------------------------------------------ fragmentation
+#
+# Shapes that differ only by their GPU-model constraint share every per-node statistic; only the
+# weight a node gives them differs (a shape counts for a node only if the node's model is
+# allowed). So the maths runs over the distinct base shapes (cpu, num_gpu, gpu_milli[, memory])
+# with per-node weights `W` (N, B) = the summed weight of the shapes of that base the node's
+# model admits (`ShapeSet.base_weight`). The rest of the weight (shapes the node cannot host,
+# CPU-only shapes) sees all idle GPU as fragment / waste.
 
-def _shape_stats(gpu_free: IntArr, shapes: ShapeSet) -> tuple[IntArr, FloatArr, FloatArr]:
-    """Per node and shape: #devices with >= shape milli free, Σ free on devices below it; total.
 
-    Computed once per distinct shape milli value (a handful) and gathered to the K shapes.
-    """
-    uniq, inv = np.unique(shapes.gpu_milli, return_inverse=True)
+def _model_rows(state: NodeState, shapes: ShapeSet) -> IntArr:
+    """(N,) row of `shapes.base_weight` per node: its model id, or M (no access) without one."""
+    m = shapes.allowed.shape[1]
+    ok = (state.model >= 0) & (state.model < m)
+    return np.where(ok, state.model, m).astype(np.int64)
+
+
+def _shape_stats(gpu_free: IntArr, base: _Base) -> tuple[IntArr, FloatArr, FloatArr]:
+    """Per node and base shape: #devices with >= shape milli free, Σ free on devices below it;
+    total idle. Computed once per distinct milli value (a handful) and gathered to the shapes."""
     free = gpu_free[:, :, None]  # (N, G, 1)
-    ge = free >= uniq[None, None, :]  # (N, G, U)
+    ge = free >= base.uniq_milli[None, None, :]  # (N, G, U)
     cnt = ge.sum(axis=1)  # (N, U)
     pos = np.maximum(free, 0)
     sless = np.where(ge, 0, pos).sum(axis=1).astype(np.float64)  # (N, U)
     total = pos[:, :, 0].sum(axis=1).astype(np.float64)  # (N,)
-    return cnt[:, inv], sless[:, inv], total
+    return cnt[:, base.milli_inv], sless[:, base.milli_inv], total
 
 
-def _shape_access(state: NodeState, shapes: ShapeSet) -> BoolArr:
-    """(N, K): the node's GPU model is allowed for the shape."""
-    m = shapes.allowed.shape[1]
-    has = (state.model >= 0) & (state.model < m)
-    idx = np.clip(state.model, 0, max(m - 1, 0))
-    return has[:, None] & shapes.allowed.T[idx] if m else np.zeros(
-        (state.n_nodes, shapes.weight.shape[0]), dtype=np.bool_)
-
-
-def _frag(cpu_free: IntArr, cnt: IntArr, sless: FloatArr, total: FloatArr, access: BoolArr,
-          shapes: ShapeSet) -> FloatArr:
+def _frag(cpu_free: IntArr, cnt: IntArr, sless: FloatArr, total: FloatArr, w: FloatArr,
+          base: _Base) -> FloatArr:
     """Expected fragmented milli-GPU (FGD definition) from per-shape statistics (any leading dims).
 
     For each shape: if the node can host it (model, CPU, enough devices) only devices too small
     for it are fragment; otherwise (and for CPU-only shapes) all idle GPU is fragment.
     """
-    host = access & (cpu_free[..., None] >= shapes.cpu_milli) & (cnt >= shapes.num_gpu)
-    host &= shapes.gpu_milli > 0
-    per_shape = np.where(host, sless, total[..., None])
-    return np.asarray(per_shape @ shapes.weight, dtype=np.float64)
+    host = (cpu_free[..., None] >= base.cpu) & (cnt >= base.num)
+    saved = np.where(host, total[..., None] - sless, 0.0)
+    return np.asarray(total - (saved * w).sum(axis=-1), dtype=np.float64)
 
 
 def frag_amount(state: NodeState, shapes: ShapeSet) -> FloatArr:
     """(N,) expected fragmented GPU milli per node against the typical shapes (FGD's F_n(M))."""
-    cnt, sless, total = _shape_stats(state.gpu_free, shapes)
-    return _frag(state.cpu_free, cnt, sless, total, _shape_access(state, shapes), shapes)
+    base = shapes.base
+    cnt, sless, total = _shape_stats(state.gpu_free, base)
+    return _frag(state.cpu_free, cnt, sless, total,
+                 base.weight[_model_rows(state, shapes)], base)
 
 
 def _shared_frag_delta(state: NodeState, nodes: IntArr, req: PodRequest,
@@ -295,62 +360,70 @@ def _shared_frag_delta(state: NodeState, nodes: IntArr, req: PodRequest,
 
 
 def _pair_delta(state: NodeState, nodes: IntArr, rows: IntArr, free: IntArr, req: PodRequest,
-                shapes: ShapeSet) -> FloatArr:
+                shapes: ShapeSet, weights: FloatArr | None = None) -> FloatArr:
     """Fragmentation growth for (node row, device free value) pairs: the device goes from
-    `free` to `free - gpu_milli` and the node's CPU drops by the request."""
+    `free` to `free - gpu_milli` and the node's CPU drops by the request. `weights`: the
+    (M + 1, B) per-model shape weights (default `shapes.base.weight`)."""
+    base = shapes.base
     gf = state.gpu_free[nodes]
-    cnt, sless, total = _shape_stats(gf, shapes)
-    access = _shape_access(state, shapes)[nodes]
+    cnt, sless, total = _shape_stats(gf, base)
+    w = (base.weight if weights is None else weights)[_model_rows(state, shapes)[nodes]]
     cpu = state.cpu_free[nodes]
-    before = _frag(cpu, cnt, sless, total, access, shapes)
-    m = shapes.gpu_milli[None, :]
+    before = _frag(cpu, cnt, sless, total, w, base)
+    m = base.milli[None, :]
     f = free[:, None]  # (P, 1)
     f2 = f - req.gpu_milli
-    cnt2 = cnt[rows] - (f >= m) + (f2 >= m)  # (P, K)
+    cnt2 = cnt[rows] - (f >= m) + (f2 >= m)  # (P, B)
     sless2 = (sless[rows] - np.where((f >= 0) & (f < m), f, 0)
               + np.where((f2 >= 0) & (f2 < m), f2, 0))
     after = _frag(cpu[rows] - req.cpu_milli, cnt2, sless2, total[rows] - req.gpu_milli,
-                  access[rows], shapes)
+                  w[rows], base)
     return np.asarray(after - before[rows], dtype=np.float64)
 
 
-def _shared_best_delta(state: NodeState, nodes: IntArr, req: PodRequest,
-                       shapes: ShapeSet) -> FloatArr:
-    """(len(nodes),) least growth over a node's devices; equal free values are evaluated once."""
-    gf = state.gpu_free[nodes]
-    r, c = np.nonzero(gf >= req.gpu_milli)
+def _distinct_pairs(gf: IntArr, milli: int) -> tuple[IntArr, IntArr]:
+    """(row, free value) pairs of devices that fit `milli`; equal values on a node once."""
+    r, c = np.nonzero(gf >= milli)
     key = r * (GPU_MILLI + 1) + gf[r, c]
     _, first = np.unique(key, return_index=True)
-    rows, free = r[first], gf[r[first], c[first]]
-    d = _pair_delta(state, nodes, rows, free, req, shapes)
+    return r[first], gf[r[first], c[first]]
+
+
+def _shared_best_delta(state: NodeState, nodes: IntArr, req: PodRequest, shapes: ShapeSet,
+                       weights: FloatArr | None = None) -> FloatArr:
+    """(len(nodes),) least growth over a node's devices; equal free values are evaluated once."""
+    rows, free = _distinct_pairs(state.gpu_free[nodes], req.gpu_milli)
+    d = _pair_delta(state, nodes, rows, free, req, shapes, weights)
     out = np.full(nodes.shape[0], np.inf)
     np.minimum.at(out, rows, d)
     return out
 
 
 def frag_delta(state: NodeState, req: PodRequest, shapes: ShapeSet,
-               nodes: IntArr | None = None) -> FloatArr:
+               nodes: IntArr | None = None, weights: FloatArr | None = None) -> FloatArr:
     """Fragmentation growth per node (best device for shared requests), +inf where it can't go.
 
     Whole-GPU requests take fully free devices (which count towards no shape's fragment before
     or after), so only the device count, the idle total and the CPU change. `nodes` (indices)
-    must all fit the request; without it every node is scored.
+    must all fit the request; without it every node is scored. `weights`: per-model shape
+    weights (M + 1, B), default FGD's (`shapes.base.weight`, popularity).
     """
     if nodes is None:
         ok = fits(state, req)
         out = np.full(state.n_nodes, np.inf)
-        out[ok] = frag_delta(state, req, shapes, np.flatnonzero(ok))
+        out[ok] = frag_delta(state, req, shapes, np.flatnonzero(ok), weights)
         return out
     idx = nodes
     if req.shared:
-        return _shared_best_delta(state, idx, req, shapes)
+        return _shared_best_delta(state, idx, req, shapes, weights)
+    base = shapes.base
     gf = state.gpu_free[idx]
-    cnt, sless, total = _shape_stats(gf, shapes)
-    access = _shape_access(state, shapes)[idx]
+    cnt, sless, total = _shape_stats(gf, base)
+    w = (base.weight if weights is None else weights)[_model_rows(state, shapes)[idx]]
     cpu = state.cpu_free[idx]
-    before = _frag(cpu, cnt, sless, total, access, shapes)
+    before = _frag(cpu, cnt, sless, total, w, base)
     n = req.num_gpu
-    after = _frag(cpu - req.cpu_milli, cnt - n, sless, total - GPU_MILLI * n, access, shapes)
+    after = _frag(cpu - req.cpu_milli, cnt - n, sless, total - GPU_MILLI * n, w, base)
     return np.asarray(after - before, dtype=np.float64)
 
 
@@ -361,15 +434,49 @@ def _fgd_int_score(delta: FloatArr) -> FloatArr:
     return np.floor(sig * 100.0)
 
 
+def model_supply(state: NodeState, shapes: ShapeSet) -> FloatArr:
+    """(M,) GPU devices per model id in the cluster (slots, free or not)."""
+    m = shapes.allowed.shape[1]
+    slots = (state.gpu_free >= 0).sum(axis=1)
+    counts = np.bincount(_model_rows(state, shapes), weights=slots, minlength=m + 1)[:m]
+    return np.asarray(counts, dtype=np.float64)
+
+
+def arrival_weight(shapes: ShapeSet, supply: FloatArr) -> FloatArr:
+    """(M + 1, B) per-model shape weights as arrivals on a node of that model see them.
+
+    A shape's pods spread over the models it allows, in proportion to their GPU `supply` (M,),
+    so a node of a scarce model meets the shapes pinned to it far more often than their global
+    popularity says (a pod pinned to one model of 4 % of the GPUs lands there every time, an
+    unpinned one 4 % of the time). Each model's row is then rescaled to the total of its
+    popularity row (`base.weight`), so only the mix of shapes a node expects changes, not how
+    much of its idle GPU counts as unusable by the shapes it cannot host.
+    """
+    base = shapes.base
+    m = shapes.allowed.shape[1]
+    gpu = np.flatnonzero(shapes.gpu_milli > 0)
+    sup = np.asarray(supply, dtype=np.float64)
+    if sup.shape != (m,):
+        raise ValueError(f"arrival_weight: supply must have shape ({m},), got {sup.shape}")
+    allowed = shapes.allowed[gpu] & (sup > 0)[None, :]  # (Kg, M)
+    reach = allowed @ sup  # GPU supply each shape can use
+    share = np.where(allowed, sup[None, :] / np.maximum(reach, 1e-9)[:, None], 0.0)
+    per_shape = share.T * shapes.weight[gpu][None, :]  # (M, Kg)
+    out = np.zeros((m + 1, base.cpu.shape[0]))
+    np.add.at(out[:m].T, base.shape_base, per_shape.T)
+    got, want = out.sum(axis=1, keepdims=True), base.weight.sum(axis=1, keepdims=True)
+    return np.asarray(np.where(got > 0, out * (want / np.where(got > 0, got, 1.0)), 0.0),
+                      dtype=np.float64)
+
+
 # ------------------------------------------------------------------------ look-ahead waste
 
-def device_leftover(shapes: ShapeSet) -> FloatArr:
-    """(1001,) expected milli a device with f free ends up wasting if it keeps receiving pods
-    drawn from the single-GPU typical shapes that still fit (popularity-weighted), until none
-    fits: L(f) = f when no shape fits, else the weighted mean of L(f - m_k) over fitting k."""
-    one = (shapes.gpu_milli > 0) & (shapes.num_gpu == 1)
-    m, w = shapes.gpu_milli[one], shapes.weight[one]
+def _leftover_dp(m: IntArr, w: FloatArr) -> FloatArr:
+    """(1001,) L(f): f when no shape of milli `m` (weights `w`) fits, else the weighted mean of
+    L(f - m_k) over the fitting ones."""
     out = np.arange(GPU_MILLI + 1, dtype=np.float64)
+    keep = w > 0
+    m, w = m[keep], w[keep]
     if m.shape[0] == 0:
         return out
     for f in range(int(m.min()), GPU_MILLI + 1):
@@ -378,80 +485,102 @@ def device_leftover(shapes: ShapeSet) -> FloatArr:
     return out
 
 
-def _fill_stats(gpu_free: IntArr, leftover: FloatArr) -> tuple[IntArr, FloatArr, FloatArr]:
-    """Per node: fully free devices, idle milli, expected device leftover Σ L(free)."""
+def device_leftover(shapes: ShapeSet) -> FloatArr:
+    """(M + 1, 1001) expected milli a device with f free ends up wasting if it keeps receiving
+    pods drawn from the single-GPU typical shapes that still fit, until none fits; row m uses
+    the shapes model m admits, with their popularity (row M: no GPU model, L(f) = f)."""
+    base = shapes.base
+    one = (base.num == 1) & (base.milli > 0)
+    return np.stack([_leftover_dp(base.milli[one], row[one]) for row in base.weight])
+
+
+def _fill_stats(gpu_free: IntArr, leftover: FloatArr,
+                mrow: IntArr) -> tuple[IntArr, FloatArr, FloatArr]:
+    """Per node: fully free devices, idle milli, expected device leftover Σ L(free) (the
+    leftover table row of the node's model `mrow`)."""
     pos = np.maximum(gpu_free, 0)
     full = (gpu_free >= GPU_MILLI).sum(axis=1)
-    return full, pos.sum(axis=1).astype(np.float64), leftover[pos].sum(axis=1)
+    left = leftover[mrow[:, None], pos].sum(axis=1)
+    return full, pos.sum(axis=1).astype(np.float64), left
 
 
 def _fill_waste(cpu_free: IntArr, mem_free: IntArr, full: IntArr, idle: FloatArr,
-                left: FloatArr, access: BoolArr, shapes: ShapeSet) -> FloatArr:
+                left: FloatArr, w: FloatArr, base: _Base) -> FloatArr:
     """Expected idle GPU milli that a stream of each typical shape could not use (any leading
     dims): single-GPU shapes can use the idle GPU minus the device leftover, multi-GPU shapes
     whole free devices in groups of num_gpu; both at most as many pods as CPU (and memory)
-    still allow."""
-    cnt = cpu_free[..., None] // np.maximum(shapes.cpu_milli, 1)
-    if shapes.memory_mib is not None:
-        cnt = np.minimum(cnt, mem_free[..., None] // np.maximum(shapes.memory_mib, 1))
-    cnt = np.where(access & (shapes.gpu_milli > 0), np.maximum(cnt, 0), 0)
-    n = np.maximum(shapes.num_gpu, 1)
-    multi = shapes.num_gpu > 1
-    cnt = np.where(multi, np.minimum(cnt, full[..., None] // n), cnt)
+    still allow. Shapes the node cannot host use nothing."""
+    cnt = cpu_free[..., None] // np.maximum(base.cpu, 1)
+    if base.mem is not None:
+        cnt = np.minimum(cnt, mem_free[..., None] // np.maximum(base.mem, 1))
+    cnt = np.maximum(cnt, 0)
+    multi = base.num > 1
+    cnt = np.where(multi, np.minimum(cnt, full[..., None] // np.maximum(base.num, 1)), cnt)
     gpu_ok = np.where(multi, idle[..., None], (idle - left)[..., None])
-    usable = np.minimum(cnt * (shapes.gpu_milli * n), gpu_ok)
-    return np.asarray((idle[..., None] - usable) @ shapes.weight, dtype=np.float64)
+    usable = np.minimum(cnt * (base.milli * base.num), gpu_ok)
+    return np.asarray(idle - (usable * w).sum(axis=-1), dtype=np.float64)
+
+
+def _leftover_table(shapes: ShapeSet, leftover: FloatArr | None) -> FloatArr:
+    if leftover is None:
+        return shapes.leftover
+    if leftover.ndim == 1:  # one table for every model
+        return np.broadcast_to(leftover, (shapes.base.weight.shape[0], leftover.shape[0]))
+    return leftover
 
 
 def fill_waste(state: NodeState, shapes: ShapeSet, leftover: FloatArr | None = None) -> FloatArr:
     """(N,) look-ahead waste per node (the `lookahead` policy's measure)."""
-    lo = shapes.leftover if leftover is None else leftover
-    full, idle, left = _fill_stats(state.gpu_free, lo)
+    lo = _leftover_table(shapes, leftover)
+    mrow = _model_rows(state, shapes)
+    full, idle, left = _fill_stats(state.gpu_free, lo, mrow)
     return _fill_waste(state.cpu_free, state.mem_free, full, idle, left,
-                       _shape_access(state, shapes), shapes)
+                       shapes.base.weight[mrow], shapes.base)
 
 
 def _fill_pair_delta(state: NodeState, nodes: IntArr, rows: IntArr, free: IntArr,
                      req: PodRequest, shapes: ShapeSet, leftover: FloatArr) -> FloatArr:
     """Look-ahead waste growth for (node row, device free value) pairs of a shared request."""
-    full, idle, left = _fill_stats(state.gpu_free[nodes], leftover)
-    access = _shape_access(state, shapes)[nodes]
+    base = shapes.base
+    mrow = _model_rows(state, shapes)[nodes]
+    full, idle, left = _fill_stats(state.gpu_free[nodes], leftover, mrow)
+    w = base.weight[mrow]
     cpu, mem = state.cpu_free[nodes], state.mem_free[nodes]
-    before = _fill_waste(cpu, mem, full, idle, left, access, shapes)
+    before = _fill_waste(cpu, mem, full, idle, left, w, base)
     f = np.maximum(free, 0)
     f2 = np.maximum(f - req.gpu_milli, 0)
+    lr = mrow[rows]
     after = _fill_waste(cpu[rows] - req.cpu_milli, mem[rows] - req.memory_mib,
                         full[rows] - (f >= GPU_MILLI), idle[rows] - req.gpu_milli,
-                        left[rows] - leftover[f] + leftover[f2], access[rows], shapes)
+                        left[rows] - leftover[lr, f] + leftover[lr, f2], w[rows], base)
     return np.asarray(after - before[rows], dtype=np.float64)
 
 
 def fill_delta(state: NodeState, req: PodRequest, shapes: ShapeSet,
                nodes: IntArr | None = None, leftover: FloatArr | None = None) -> FloatArr:
     """Look-ahead waste growth per node (best device for shared requests); +inf if no fit."""
-    lo = shapes.leftover if leftover is None else leftover
+    lo = _leftover_table(shapes, leftover)
     if nodes is None:
         ok = fits(state, req)
         out = np.full(state.n_nodes, np.inf)
         out[ok] = fill_delta(state, req, shapes, np.flatnonzero(ok), lo)
         return out
     if req.shared:
-        gf = state.gpu_free[nodes]
-        r, c = np.nonzero(gf >= req.gpu_milli)
-        key = r * (GPU_MILLI + 1) + gf[r, c]
-        _, first = np.unique(key, return_index=True)
-        rows = r[first]
-        d = _fill_pair_delta(state, nodes, rows, gf[rows, c[first]], req, shapes, lo)
+        rows, free = _distinct_pairs(state.gpu_free[nodes], req.gpu_milli)
+        d = _fill_pair_delta(state, nodes, rows, free, req, shapes, lo)
         best = np.full(nodes.shape[0], np.inf)
         np.minimum.at(best, rows, d)
         return best
-    full, idle, left = _fill_stats(state.gpu_free[nodes], lo)
-    access = _shape_access(state, shapes)[nodes]
+    base = shapes.base
+    mrow = _model_rows(state, shapes)[nodes]
+    full, idle, left = _fill_stats(state.gpu_free[nodes], lo, mrow)
+    w = base.weight[mrow]
     cpu, mem = state.cpu_free[nodes], state.mem_free[nodes]
-    before = _fill_waste(cpu, mem, full, idle, left, access, shapes)
+    before = _fill_waste(cpu, mem, full, idle, left, w, base)
     n = req.num_gpu
+    gone = n * (lo[mrow, GPU_MILLI] - lo[mrow, 0])
     after = _fill_waste(cpu - req.cpu_milli, mem - req.memory_mib, full - n,
-                        idle - GPU_MILLI * n, left - n * (lo[GPU_MILLI] - lo[0]), access, shapes)
+                        idle - GPU_MILLI * n, left - gone, w, base)
     return np.asarray(after - before, dtype=np.float64)
 
 
@@ -508,10 +637,10 @@ def score(policy: str, state: NodeState, req: PodRequest,
           shapes: ShapeSet | None = None) -> FloatArr:
     """(N,) node scores, higher is better, -inf where the pod does not fit.
 
-    `lookahead` (ours) = lexicographic (FGD's integer score, look-ahead waste growth in whole-GPU
-    buckets, node order). Coarse buckets on purpose: exact-gradient rankings (tried: FGD's
-    gradient or the look-ahead in float, with Best-fit ties) spread pods and lose to FGD, and
-    finer look-ahead buckets lose on the model-constrained gpuspec traces.
+    `lookahead` (ours) = lexicographic (FGD's integer score with arrival weights, look-ahead
+    waste growth in whole-GPU buckets, node order). Coarse buckets on purpose: exact-gradient
+    rankings (tried: FGD's gradient or the look-ahead in float, with Best-fit ties) spread pods
+    and lose to FGD, and finer look-ahead buckets lose on the model-constrained gpuspec traces.
     """
     _check_policy(policy)
     ok = fits(state, req)
@@ -532,7 +661,8 @@ def score(policy: str, state: NodeState, req: PodRequest,
         if policy == "fgd":
             out[idx] = _fgd_int_score(frag_delta(state, req, shapes, idx))
         else:
-            fgd = _fgd_int_score(frag_delta(state, req, shapes, idx))
+            arrivals = shapes.arrival_weight(model_supply(state, shapes))
+            fgd = _fgd_int_score(frag_delta(state, req, shapes, idx, arrivals))
             ahead = fill_delta(state, req, shapes, idx)
             out[idx] = fgd * 1e6 + np.floor(-ahead / LOOKAHEAD_STEP)
     return out

@@ -198,3 +198,41 @@ def cmd_bench_packing(args: argparse.Namespace) -> int:
     else:
         print(_table(summary, results, expected, traces, policies))
     return 0
+
+
+def merge_main(argv: list[str] | None = None) -> int:
+    """`python3 -m kai_ray.sim.packing_cli RUNS.json ...`: one table (and plot) from runs saved
+    by separate `--save` commands, e.g. baselines and `lookahead` run one after the other."""
+    ap = argparse.ArgumentParser(prog="python3 -m kai_ray.sim.packing_cli",
+                                 description=merge_main.__doc__)
+    ap.add_argument("runs", nargs="+", help="JSON files written by kai-ray bench packing --save")
+    ap.add_argument("--data-dir", help="directory holding the openb CSV files")
+    ap.add_argument("--plot", help="PNG path for the curves")
+    ap.add_argument("--save", help="write all runs to this JSON file")
+    a = ap.parse_args(argv)
+    results: list[dict[str, Any]] = []
+    for f in a.runs:
+        try:
+            data = json.loads(Path(f).read_text())
+        except (OSError, ValueError) as e:
+            print(f"{f}: cannot read saved runs: {e}", file=sys.stderr)
+            return 2
+        if not isinstance(data, list) or not all(isinstance(r, dict) and "unallocated" in r
+                                                 for r in data):
+            print(f"{f}: not a list of runs saved by --save", file=sys.stderr)
+            return 2
+        results.extend(data)
+    traces = list(dict.fromkeys(r["trace"] for r in results))
+    present = {r["policy"] for r in results}
+    policies = [p for p in DEFAULT_POLICIES if p in present]
+    expected = trace.load_expected(trace.data_dir(a.data_dir))
+    if a.plot:
+        _plot(a.plot, results, expected, traces, policies)
+    if a.save:
+        Path(a.save).write_text(json.dumps(results))
+    print(_table(summarise(results), results, expected, traces, policies))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(merge_main())

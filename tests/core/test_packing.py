@@ -236,3 +236,87 @@ def test_typical_shapes_take_the_most_popular_until_the_threshold() -> None:
     assert everything.weight.shape == (3,) and everything.allowed[2].tolist() == [True, False]
     with pytest.raises(ValueError, match="at least one pod"):
         pk.typical_shapes(cpu[:0], ng[:0], milli[:0], allowed[:0])
+
+
+def _brute_leftover(milli: list[int], weight: list[float]) -> list[float]:
+    out = [float(f) for f in range(1001)]
+    for f in range(1001):
+        fit = [(m, w) for m, w in zip(milli, weight, strict=True) if m <= f and w > 0]
+        if fit:
+            out[f] = sum(w * out[f - m] for m, w in fit) / sum(w for _, w in fit)
+    return out
+
+
+def test_model_pinned_shapes_match_the_per_shape_definitions() -> None:
+    # shapes that differ only by their allowed models are merged internally; FGD's fragment and
+    # the look-ahead waste must still equal the per-shape, per-node definitions
+    rng = np.random.default_rng(11)
+    rows = [[int(v) for v in rng.choice([0, 200, 450, 700, 1000], size=4)] for _ in range(25)]
+    s = state(rows, cpu=[int(c) for c in rng.integers(0, 40_000, size=25)],
+              model=[int(m) for m in rng.integers(-1, 3, size=25)])
+    cpu = np.array([4000, 4000, 4000, 9000, 2000, 6000], dtype=np.int64)
+    num = np.array([1, 1, 1, 2, 0, 1], dtype=np.int64)
+    milli = np.array([450, 450, 450, 1000, 0, 250], dtype=np.int64)
+    allowed = np.array([[1, 1, 1], [0, 1, 0], [1, 0, 1], [0, 0, 1], [1, 1, 1], [1, 1, 0]],
+                       dtype=np.bool_)
+    w = np.array([0.3, 0.15, 0.1, 0.15, 0.2, 0.1])
+    sh = pk.ShapeSet(cpu, num, milli, allowed, w)
+    frag, waste = pk.frag_amount(s, sh), pk.fill_waste(s, sh)
+    for node in range(25):
+        free = [f for f in s.gpu_free[node] if f >= 0]
+        total, model = float(sum(free)), int(s.model[node])
+        ok = [model >= 0 and bool(allowed[k, model]) and milli[k] > 0 for k in range(6)]
+        single = [k for k in range(6) if ok[k] and num[k] == 1]
+        lo = _brute_leftover([int(milli[k]) for k in single], [float(w[k]) for k in single])
+        f_exp = w_exp = 0.0
+        for k in range(6):
+            fitting = sum(f >= milli[k] for f in free)
+            if ok[k] and s.cpu_free[node] >= cpu[k] and fitting >= num[k]:
+                f_exp += w[k] * sum(f for f in free if f < milli[k])
+            else:
+                f_exp += w[k] * total
+            pods = int(s.cpu_free[node] // cpu[k]) if ok[k] else 0
+            if ok[k] and num[k] > 1:
+                pods = min(pods, sum(f >= 1000 for f in free) // int(num[k]))
+                usable = min(pods * 1000 * int(num[k]), total)
+            elif ok[k]:
+                usable = min(pods * int(milli[k]), total - sum(lo[f] for f in free))
+            else:
+                usable = 0
+            w_exp += w[k] * (total - usable)
+        assert frag[node] == pytest.approx(f_exp, abs=1e-6)
+        assert waste[node] == pytest.approx(w_exp, abs=1e-6)
+
+
+def test_arrival_weight_spreads_popularity_over_allowed_models_by_supply() -> None:
+    # U (unpinned, 0.8) and P (pinned to model 1, 0.2); model 0 has 96 GPUs, model 1 has 4
+    sh = pk.ShapeSet(np.array([1000, 2000], dtype=np.int64), np.array([1, 1], dtype=np.int64),
+                     np.array([700, 600], dtype=np.int64),
+                     np.array([[True, True], [False, True]]), np.array([0.8, 0.2]))
+    aw = pk.arrival_weight(sh, np.array([96.0, 4.0]))
+    u, p = (int(np.flatnonzero(sh.base.cpu == c)[0]) for c in (1000, 2000))
+    # model 0 only ever sees U; its row keeps the popularity total (0.8)
+    assert aw[0, u] == pytest.approx(0.8) and aw[0, p] == 0
+    # model 1: U arrives 4 % of the time (0.032), P always (0.2); rescaled to total 1.0
+    assert aw[1, u] == pytest.approx(0.032 / 0.232) and aw[1, p] == pytest.approx(0.2 / 0.232)
+    assert aw[2].tolist() == [0, 0]  # no-model row
+    assert sh.arrival_weight(np.array([96.0, 4.0])) is sh.arrival_weight(np.array([96.0, 4.0]))
+    with pytest.raises(ValueError, match="supply"):
+        pk.arrival_weight(sh, np.array([1.0]))
+
+
+def test_lookahead_keeps_slivers_usable_for_the_shapes_pinned_to_a_scarce_model() -> None:
+    # 24 busy nodes of model 0 (96 GPUs) and two 1-GPU nodes of model 1 (plus 2 busy ones).
+    # A 400 pod on node A (700 free) leaves 300: useless to U (700) and to P (600, pinned to
+    # model 1); on node B (1000 free) it leaves 600: useless to U only. By global popularity
+    # U dominates and FGD picks A; but model-1 nodes mostly receive P pods, so we pick B.
+    rows = [[0, 0, 0, 0]] * 24 + [[700], [1000], [0], [0]]
+    s = state(rows, model=[0] * 24 + [1] * 4)
+    sh = pk.ShapeSet(np.array([1000, 2000], dtype=np.int64), np.array([1, 1], dtype=np.int64),
+                     np.array([700, 600], dtype=np.int64),
+                     np.array([[True, True], [False, True]]), np.array([0.8, 0.2]))
+    assert pk.model_supply(s, sh).tolist() == [96.0, 4.0]
+    req = pk.PodRequest(500, 1, 1, 400)
+    fgd, ours = pk.place("fgd", s, req, sh), pk.place("lookahead", s, req, sh)
+    assert fgd is not None and fgd[0] == 24
+    assert ours is not None and ours[0] == 25

@@ -114,3 +114,25 @@ def test_unknown_policy_is_rejected(capsys: pytest.CaptureFixture[str]) -> None:
                               plot=None, output="json", workers=1, save=None)
     assert cmd_bench_packing(args) == 2
     assert "unknown policy 'nope'" in capsys.readouterr().err
+
+
+def test_saved_runs_merge_into_one_table(capsys: pytest.CaptureFixture[str], tmp_path) -> None:
+    from kai_ray.sim.packing_cli import cmd_bench_packing, merge_main
+
+    saved = []
+    for policy in ("best_fit", "random"):
+        path = tmp_path / f"{policy}.json"
+        args = argparse.Namespace(trace="default", seeds=1, policy=[policy], data_dir=None,
+                                  plot=None, output="json", workers=1, save=str(path))
+        assert cmd_bench_packing(args) == 0
+        saved.append(str(path))
+    capsys.readouterr()
+    merged = tmp_path / "all.json"
+    assert merge_main([*saved, "--save", str(merged)]) == 0
+    rows = [ln.split() for ln in capsys.readouterr().out.splitlines() if ln.startswith("default")]
+    assert [r[1] for r in rows] == ["random", "best_fit"]
+    assert rows[1][4] == "7.09" and float(rows[0][2]) > float(rows[1][2])
+    assert len(json.loads(merged.read_text())) == 2
+    (tmp_path / "bad.json").write_text('{"not": "runs"}')
+    assert merge_main([str(tmp_path / "bad.json")]) == 2
+    assert "not a list of runs" in capsys.readouterr().err
