@@ -28,7 +28,7 @@ from kubernetes.client.rest import ApiException
 
 from kai_ray.core.result import Bind, CycleResult
 from kai_ray.grouping import admission
-from kai_ray.k8s import convert
+from kai_ray.k8s import convert, rawapi
 from kai_ray.k8s.cache import PG_GROUP, PG_PLURAL, PG_VERSION
 from kai_ray.k8s.events import EventRecorder
 
@@ -54,6 +54,7 @@ def _now_rfc3339() -> str:
 class Binder:
     def __init__(self, api: client.ApiClient, events: EventRecorder,
                  config: BinderConfig | None = None) -> None:
+        self.api = api
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.events = events
@@ -66,9 +67,8 @@ class Binder:
     # ------------------------------------------------------------------ intents
     def _patch_pg_annotations(self, pg: Obj, annotations: dict[str, str | None]) -> None:
         m = pg["metadata"]
-        self.custom.patch_namespaced_custom_object(
-            PG_GROUP, PG_VERSION, m["namespace"], PG_PLURAL, m["name"],
-            {"metadata": {"annotations": annotations}})
+        rawapi.patch_custom(self.api, PG_GROUP, PG_VERSION, m["namespace"], PG_PLURAL, m["name"],
+                            {"metadata": {"annotations": annotations}})
 
     def write_intent(self, pg: Obj, binds: list[Bind]) -> None:
         intent = convert.bind_intent(pg)
@@ -169,13 +169,7 @@ class Binder:
 
     def _bind(self, pod: Obj, node: str) -> None:
         m = pod["metadata"]
-        body = client.V1Binding(
-            metadata=client.V1ObjectMeta(name=m["name"], namespace=m["namespace"],
-                                         uid=m.get("uid")),
-            target=client.V1ObjectReference(api_version="v1", kind="Node", name=node))
-        # the generated client cannot parse the Binding it gets back; we need no body
-        self.core.create_namespaced_pod_binding(m["name"], m["namespace"], body,
-                                                _preload_content=False)
+        rawapi.bind(self.api, m["namespace"], m["name"], m.get("uid"), node)
 
     # ------------------------------------------------------------------ GPU sharing
     def _ensure_reservation_namespace(self) -> None:

@@ -7,9 +7,14 @@ import os
 
 from kubernetes import client, config
 
+from kai_ray.k8s.ratelimit import RateLimitedApiClient, bucket
 
-def api_client(kubeconfig: str | None = None, pool_size: int = 32) -> client.ApiClient:
-    """`pool_size` connections, so concurrent writers (the binder's workers) do not queue."""
+
+def api_client(kubeconfig: str | None = None, pool_size: int = 32, qps: float = -1.0,
+               burst: int = 0) -> client.ApiClient:
+    """`pool_size` connections, so concurrent writers (the binder's workers) do not queue;
+    `qps`/`burst`: one token bucket for every request of this client (negative QPS: no limit,
+    the default for the tools)."""
     configuration = client.Configuration()
     if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST") \
             and not os.environ.get("KUBECONFIG"):
@@ -17,4 +22,4 @@ def api_client(kubeconfig: str | None = None, pool_size: int = 32) -> client.Api
     else:
         config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
     configuration.connection_pool_maxsize = pool_size
-    return client.ApiClient(configuration)
+    return RateLimitedApiClient(configuration, bucket(qps, burst))
