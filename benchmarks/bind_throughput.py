@@ -117,8 +117,9 @@ def run(scheduler: str, args: argparse.Namespace) -> dict:
             proc.start()
             if args.profile:  # sampled stacks of kai-ray run, collapsed ("raw") format
                 assert proc.proc is not None
+                gil = ["--gil"] if args.profile_gil else []
                 spy = subprocess.Popen(["py-spy", "record", "-p", str(proc.proc.pid), "-r", "50",
-                                        "--threads", "--format", "raw", "-o", args.profile],
+                                        "--threads", *gil, "--format", "raw", "-o", args.profile],
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         else:
             bins = binaries.require("kube-scheduler")
@@ -206,6 +207,8 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--profile", help="py-spy record kai-ray run into this file "
                                           "(collapsed stacks; needs `pip install py-spy`)")
+    parser.add_argument("--profile-gil", action="store_true",
+                        help="sample only the thread holding the GIL (Python CPU, not waits)")
     args = parser.parse_args()
     which = ["kai", "kube"] if args.scheduler == "both" else [args.scheduler]
     results = []

@@ -10,9 +10,11 @@ from kubernetes import client, config
 from kai_ray.k8s.ratelimit import RateLimitedApiClient, bucket
 
 
-def api_client(kubeconfig: str | None = None, pool_size: int = 32, qps: float = -1.0,
+def api_client(kubeconfig: str | None = None, pool_size: int = 64, qps: float = -1.0,
                burst: int = 0) -> client.ApiClient:
-    """`pool_size` connections, so concurrent writers (the binder's workers) do not queue;
+    """`pool_size` kept connections: more than the threads that use one client at a time
+    (binder, grouper and status workers, one per watch), else urllib3 opens and drops extra
+    ones, a TLS handshake each;
     `qps`/`burst`: one token bucket for every request of this client (negative QPS: no limit,
     the default for the tools)."""
     configuration = client.Configuration()

@@ -146,12 +146,6 @@ class StatusWriter:
                 self.events.emit(pg, "Evict", ev.message, kind="PodGroup",
                                  api_version=f"{PG_GROUP}/{PG_VERSION}")
 
-    def started(self, jobs: Iterable[str], podgroups: dict[str, Obj]) -> None:
-        now = _now()
-        list(self.pool.map(
-            lambda job: self._annotate(podgroups.get(job), convert.LAST_START_ANNOTATION, now),
-            jobs))
-
     def _annotate(self, pg: Obj | None, key: str, value: str | None) -> None:
         if pg is None:
             return
