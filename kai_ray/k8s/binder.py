@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Collection, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -65,10 +65,10 @@ class Binder:
                                        thread_name_prefix="binder")
 
     # ------------------------------------------------------------------ intents
-    def _patch_pg_annotations(self, pg: Obj, annotations: dict[str, str | None]) -> None:
+    def _patch_pg_annotations(self, pg: Obj, annotations: Mapping[str, str | None]) -> None:
         m = pg["metadata"]
         rawapi.patch_custom(self.api, PG_GROUP, PG_VERSION, m["namespace"], PG_PLURAL, m["name"],
-                            {"metadata": {"annotations": annotations}})
+                            {"metadata": {"annotations": dict(annotations)}})
 
     def write_intent(self, pg: Obj, binds: list[Bind]) -> None:
         intent = convert.bind_intent(pg)
@@ -132,7 +132,7 @@ class Binder:
         futures = [self.pool.submit(one, job, binds) for job, binds in by_job.items()]
         return sum(f.result() for f in futures)
 
-    def _annotate_quietly(self, pg: Obj, annotations: dict[str, str | None]) -> None:
+    def _annotate_quietly(self, pg: Obj, annotations: Mapping[str, str | None]) -> None:
         try:
             self._patch_pg_annotations(pg, annotations)
         except ApiException as e:
