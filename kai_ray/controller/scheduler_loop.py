@@ -197,14 +197,19 @@ class SchedulerLoop:
         """The pod grouper beside the cycles, not inside them: new pods get their PodGroups
         while the binder works, and a long bind phase does not hold back grouping."""
         assert self.grouper is not None
+        last = 0.0
         while not self.stopping.is_set():
-            grouped = 0
-            if is_leader is None or is_leader():
+            # new or changed pods at once; otherwise a pass per cycle period (retries of failed
+            # pods, owner resyncs), as often as when the grouper ran inside the cycle
+            due = bool(self.cache.dirty_pods) or \
+                time.monotonic() - last >= self.config.period_s
+            if due and (is_leader is None or is_leader()):
+                last = time.monotonic()
                 try:
-                    grouped = self.grouper.run_once()
+                    self.grouper.run_once()
                 except Exception:  # one bad pass must not stop grouping
                     log.exception("pod grouping failed")
-            if not grouped:
+            else:
                 self.stopping.wait(GROUPER_IDLE_S)
 
     def run(self, is_leader: Any = None) -> None:
