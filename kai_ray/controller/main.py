@@ -67,7 +67,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     loop = SchedulerLoop(api, cache, loop_config, grouper=None,
                          on_cycle=lambda r: metrics.record_cycle(r, r.action_seconds.get("cycle")),
                          events_api=events_api)
-    loop.grouper = PodGrouper(api, cache, loop.events)
+    # 16: a bare pod costs the grouper two round trips (its PodGroup, its annotation)
+    loop.grouper = PodGrouper(api, cache, loop.events, workers=16)
     stop = threading.Event()
     extras: list[Any] = []
 
