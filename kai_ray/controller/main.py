@@ -111,6 +111,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         extra.stop()
     loop.events.flush(5.0)  # events still queued (they are written off the bind path)
     cache.stop()
+    for name, c in (("API", api), ("events", events_api)):
+        limiter = getattr(c, "limiter", None)
+        if limiter is not None:
+            log.info("%s client: %d requests, %.1fs waited for the rate limit", name,
+                     limiter.taken, limiter.waited_s)
     return code
 
 
