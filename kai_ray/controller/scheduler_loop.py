@@ -143,9 +143,13 @@ class SchedulerLoop:
         started = {j.name for j in snapshot.jobs if j.name in bound_jobs
                    and not any(p.status in ACTIVE_ALLOCATED for p in j.pods)}
         self.binder.apply_binds(result, podgroups, pods, started)
+        # counted from the end of the binds: a bind phase of thousands of pods can outlast
+        # ASSUME_SECONDS, and an assumption that expired before the watch showed its bind would
+        # let the next cycle decide the same pod again (the API server refuses: 409)
+        bound_until = time.monotonic() + ASSUME_SECONDS
         for b in result.binds:
             self.assumed[f"{b.namespace}/{b.pod}"] = _Assumed(PodStatus.BOUND, b.node,
-                                                              b.gpu_groups, until)
+                                                              b.gpu_groups, bound_until)
         self.status.pending(result, podgroups, pods)
         self.status.clear_scheduled(podgroups.values(), set(result.job_status))
         self.status.stale(result, podgroups)
