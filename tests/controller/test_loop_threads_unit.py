@@ -1,5 +1,6 @@
-"""The pod grouper's own thread beside the scheduling cycles: new pods are grouped at once,
-otherwise one pass per cycle period (retries, resyncs), and nothing while not the leader."""
+"""The scheduling loop's threads and timing: the pod grouper beside the cycles (new pods at once,
+otherwise one pass per cycle period, nothing while not the leader), and bound pods staying
+assumed after a bind phase longer than the assume window."""
 
 from __future__ import annotations
 
@@ -65,3 +66,45 @@ def test_a_new_pod_is_grouped_without_waiting_for_the_period() -> None:
 def test_a_standby_does_not_group() -> None:
     grouper, _ = _run(period=0.2, seconds=0.8, leader=False)
     assert grouper.passes == []
+
+
+class _SlowBinder:
+    """Binds that take longer than the assume window."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def apply_binds(self, *args: object) -> int:
+        time.sleep(self.seconds)
+        return 0
+
+    def evict(self, *args: object) -> bool:
+        return False
+
+    def collect_reservations(self, *args: object) -> int:
+        return 0
+
+
+class _NoStatus:
+    def __getattr__(self, name: str) -> object:
+        return lambda *args, **kwargs: None
+
+
+def test_bound_pods_stay_assumed_after_a_long_bind_phase(monkeypatch) -> None:
+    """A bind phase longer than the assume window must not leave its pods unassumed: the next
+    cycle would decide them again."""
+    from kai_ray.controller import scheduler_loop
+    from kai_ray.core.model import PodStatus, Snapshot
+    from kai_ray.core.result import Bind, CycleResult
+
+    monkeypatch.setattr(scheduler_loop, "ASSUME_SECONDS", 0.3)
+    cache = _Cache()
+    cache.queues = {}  # type: ignore[attr-defined]
+    loop = SchedulerLoop(client.ApiClient(client.Configuration()), cache,  # type: ignore[arg-type]
+                         LoopConfig())
+    loop.binder = _SlowBinder(0.5)  # type: ignore[assignment]
+    loop.status = _NoStatus()  # type: ignore[assignment]
+    result = CycleResult(binds=[Bind(job="j", namespace="ns", pod="p", node="n1")])
+    loop._carry_out(result, Snapshot(nodes=(), queues=(), jobs=()), {}, {}, [])
+    assumed = loop.assumed["ns/p"]
+    assert assumed.status == PodStatus.BOUND and assumed.until > time.monotonic()
