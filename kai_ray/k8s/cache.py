@@ -46,16 +46,14 @@ class Informer:
         self.stopping = threading.Event()
         self.watch_timeout = watch_timeout
         self.thread = threading.Thread(target=self._run, name=f"informer-{name}", daemon=True)
-        self._response: Any = None
 
     def start(self) -> None:
         self.thread.start()
 
     def stop(self) -> None:
+        """The stream ends at its next event or timeout (the thread is a daemon). Closing the
+        response from here would block on the lock its reading thread holds."""
         self.stopping.set()
-        resp = self._response
-        if resp is not None:
-            resp.close()  # ends the stream's blocking read
 
     def values(self) -> list[Obj]:
         with self.lock:
@@ -86,7 +84,6 @@ class Informer:
         cluster, for objects we only read as JSON."""
         resp = self.list_fn(watch=True, resource_version=rv, timeout_seconds=self.watch_timeout,
                             allow_watch_bookmarks=True, _preload_content=False)
-        self._response = resp
         try:
             for line in iter_resp_lines(resp):
                 if self.stopping.is_set():
@@ -94,7 +91,6 @@ class Informer:
                 if line:
                     yield json.loads(line)
         finally:
-            self._response = None
             resp.release_conn()
 
     def _run(self) -> None:
