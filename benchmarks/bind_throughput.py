@@ -2,7 +2,7 @@
 kai-ray (`kai-ray run`) against the stock kube-scheduler on the same plane and workload.
 
     python benchmarks/bind_throughput.py --nodes 1000 --single 5000 --gangs 500 --gang-size 8
-    python benchmarks/bind_throughput.py --scheduler kube --kube-qps 50   # kube's default QPS
+    python benchmarks/bind_throughput.py --qps 50   # both schedulers at kube-scheduler's default
 
 Each run starts a fresh plane, creates the nodes, creates every pod (16 client threads) while no
 scheduler runs, then starts the scheduler: the clock starts there, so pod creation does not limit
@@ -10,13 +10,17 @@ the rate. Reported: pods bound per second from the scheduler's start to the last
 (`e2e`, includes kai-ray's start-up: cache sync and PodGroup creation for the bare pods), and from
 the first bind to the last (`bind`). kai-ray's pods are in a queue
 and gangs are PodGroups (min = gang size); kube-scheduler gets the same pods one by one (it has
-no gangs). kai-ray's client has no rate limiter; its binder binds up to 8 gangs at once.
+no gangs). Both schedulers get the same client rate limit: `--kube-api-qps=QPS` and
+`--kube-api-burst=2*QPS` (kube-scheduler's default ratio, 50/100).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -24,6 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from kubernetes import client
+from kubernetes.watch.watch import iter_resp_lines
 
 from kai_ray.testing import binaries
 from kai_ray.testing.nodes import create_gpu_nodes, wait_nodes_ready
@@ -45,10 +50,29 @@ def _pod(name: str, scheduler: str, group: str | None, gpus: int) -> dict:
         "containers": [{"name": "c", "image": "example.invalid/x:1", "resources": resources}]}}
 
 
+def _cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _cpu_by_process(plane: ControlPlane, proc: KaiRayProcess | None) -> dict[str, float]:
+    pids = {name: c.pid for name, c in plane.components.items()}
+    if proc is not None and proc.proc is not None:
+        pids["kai-ray"] = proc.proc.pid
+    out = {name: _cpu_seconds(pid) for name, pid in pids.items()}
+    out["benchmark"] = sum(os.times()[:2])
+    return out
+
+
 def run(scheduler: str, args: argparse.Namespace) -> dict:
     plane = ControlPlane()
     plane.start()
     proc = None
+    spy: subprocess.Popen[bytes] | None = None
     try:
         api = plane.api_client()
         core = client.CoreV1Api(api)
@@ -85,41 +109,84 @@ def run(scheduler: str, args: argparse.Namespace) -> dict:
                 NS, _pod(p[0], name, p[1], args.gpus_per_pod)), pods))
         created = time.monotonic() - t
         print(f"  {total} pods created in {created:.1f}s (no scheduler yet)", file=sys.stderr)
+        rate = [f"--kube-api-qps={args.qps}", f"--kube-api-burst={args.qps * 2}"]
         start = time.monotonic()
         if scheduler == "kai":
             proc = KaiRayProcess(plane.kubeconfig, Path(tempfile.mkdtemp()),
-                                 ["--leader-election", "off"])
+                                 ["--leader-election", "off", *rate])
             proc.start()
+            if args.profile:  # sampled stacks of kai-ray run, collapsed ("raw") format
+                assert proc.proc is not None
+                gil = ["--gil"] if args.profile_gil else []
+                spy = subprocess.Popen(["py-spy", "record", "-p", str(proc.proc.pid), "-r", "50",
+                                        "--threads", *gil, "--format", "raw", "-o", args.profile],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         else:
             bins = binaries.require("kube-scheduler")
             plane.add_component("kube-scheduler", [
                 str(bins["kube-scheduler"]), f"--kubeconfig={plane.kubeconfig}",
-                "--leader-elect=false", "--secure-port=0", "--profiling=false",
-                f"--kube-api-qps={args.kube_qps}", f"--kube-api-burst={args.kube_qps * 2}"])
-        first_bind = last_bind = None
-        bound = 0
+                "--leader-elect=false", "--secure-port=0", "--profiling=false", *rate])
+        cpu_start = _cpu_by_process(plane, proc)
+        first_bind: float | None = None
+        last_bind: float | None = None
+        loads: list[float] = []
+        cpu_end = cpu_start
         deadline = start + args.timeout
-        while time.monotonic() < deadline:
-            resp = core.list_namespaced_pod(NS, field_selector="spec.nodeName!=",
+        # count binds from a watch (one event per pod change), not by re-listing every bound
+        # pod each time: the lists would load the API server more the longer a run lasts
+        listed = json.loads(core.list_namespaced_pod(NS, _preload_content=False).data)
+        rv = listed["metadata"]["resourceVersion"]
+        bound_names = {p["metadata"]["name"] for p in listed["items"] if p["spec"].get("nodeName")}
+        if bound_names:
+            first_bind = last_bind = time.monotonic()
+        last_print = 0.0
+        while time.monotonic() < deadline and len(bound_names) < total:
+            resp = core.list_namespaced_pod(NS, watch=True, resource_version=rv,
+                                            timeout_seconds=5, allow_watch_bookmarks=True,
                                             _preload_content=False)
-            now = time.monotonic()
-            count = len(json.loads(resp.data)["items"])
-            if count and first_bind is None:
-                first_bind = now
-            if count > bound:
-                last_bind, bound = now, count
-                print(f"  {bound}/{total} bound at {now - start:.1f}s", file=sys.stderr)
-            if bound >= total:
-                break
-            time.sleep(0.5)
+            for line in iter_resp_lines(resp):
+                if not line:
+                    continue
+                event = json.loads(line)
+                obj = event["object"]
+                if event["type"] == "ERROR":
+                    raise RuntimeError(f"watch failed: {obj}")
+                rv = obj["metadata"]["resourceVersion"]
+                if event["type"] == "BOOKMARK" or not (obj.get("spec") or {}).get("nodeName"):
+                    continue
+                if obj["metadata"]["name"] in bound_names:
+                    continue
+                now = time.monotonic()
+                bound_names.add(obj["metadata"]["name"])
+                first_bind = first_bind or now
+                last_bind = now
+                if now - last_print > 1.0 or len(bound_names) >= total:
+                    last_print = now
+                    loads.append(os.getloadavg()[0])
+                    cpu_end = _cpu_by_process(plane, proc)
+                    print(f"  {len(bound_names)}/{total} bound at {now - start:.1f}s",
+                          file=sys.stderr)
+                if len(bound_names) >= total:
+                    break
+            resp.release_conn()
+        bound = len(bound_names)
         e2e = (last_bind or start) - start
+        cpu = {name: round(cpu_end.get(name, 0.0) - cpu_start.get(name, 0.0), 1)
+               for name in cpu_end}
         bind_span = (last_bind or 0) - (first_bind or 0)
         return {"scheduler": scheduler, "pods": total, "bound": bound, "seconds": round(e2e, 1),
                 "pods_per_s_e2e": round(bound / e2e, 1) if e2e else 0.0,
                 "pods_per_s_bind": round(bound / bind_span, 1) if bind_span else 0.0,
-                "create_seconds": round(created, 1)}
+                "create_seconds": round(created, 1), "qps": args.qps,
+                "load_avg_mean": round(sum(loads) / len(loads), 1) if loads else None,
+                "load_avg_max": round(max(loads), 1) if loads else None,
+                "cpu_seconds_until_last_bind": cpu}
     finally:
+        if spy is not None:
+            spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+            spy.wait(60)
         if proc is not None:
+            print(f"  kai-ray log: {proc.log_path}", file=sys.stderr)
             proc.stop()
         plane.stop()
 
@@ -134,9 +201,14 @@ def main() -> int:
     parser.add_argument("--gpus-per-pod", type=int, default=0,
                         help="whole GPUs per pod (default 0: the workload must fit the nodes)")
     parser.add_argument("--scheduler", choices=["kai", "kube", "both"], default="both")
-    parser.add_argument("--kube-qps", type=int, default=1000,
-                        help="kube-scheduler's --kube-api-qps (its default is 50)")
+    parser.add_argument("--qps", "--kube-qps", type=int, default=1000,
+                        help="--kube-api-qps of both schedulers (burst: twice that; "
+                             "kube-scheduler's default is 50)")
     parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--profile", help="py-spy record kai-ray run into this file "
+                                          "(collapsed stacks; needs `pip install py-spy`)")
+    parser.add_argument("--profile-gil", action="store_true",
+                        help="sample only the thread holding the GIL (Python CPU, not waits)")
     args = parser.parse_args()
     which = ["kai", "kube"] if args.scheduler == "both" else [args.scheduler]
     results = []

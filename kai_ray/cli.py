@@ -106,6 +106,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--webhook-port", type=int, default=0, help="webhook port (0: any free)")
     p.add_argument("--validate-queue", action="store_true",
                    help="the webhook rejects pods whose queue is missing or not a leaf")
+    p.add_argument("--kube-api-qps", type=float, default=None,
+                   help="API requests per second of the client, as kube-scheduler's flag "
+                        "(overrides the config's clientConnection.qps; default 50; -1: no limit)")
+    p.add_argument("--kube-api-burst", type=int, default=None,
+                   help="burst of the client's rate limit (default 100)")
     p.set_defaults(handler="run")
 
     p = sub.add_parser("queues", help="queue tree: quota, limit, weight, allocated, fair share")

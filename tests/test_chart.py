@@ -14,6 +14,7 @@ import yaml
 from cryptography import x509
 
 from kai_ray.controller.main import load_config
+from kai_ray.k8s import config_file
 from kai_ray.k8s.crds import CRD_FILES
 from kai_ray.testing import binaries
 
@@ -77,7 +78,11 @@ def test_a_typo_in_values_is_a_schema_error(helm: str, typo: str, key: str) -> N
 @pytest.mark.parametrize("bad,field", [("scheduler.placement.gpu=pack", "/scheduler/placement/gpu"),
                                        ("webhook.failurePolicy=Never", "/webhook/failurePolicy"),
                                        ("scheduler.cyclePeriodSeconds=0",
-                                        "/scheduler/cyclePeriodSeconds")])
+                                        "/scheduler/cyclePeriodSeconds"),
+                                       ("scheduler.clientConnection.qps=0",
+                                        "/scheduler/clientConnection/qps"),
+                                       ("scheduler.clientConnection.burst=0",
+                                        "/scheduler/clientConnection/burst")])
 def test_a_wrong_value_names_its_field(helm: str, bad: str, field: str) -> None:
     out = run_helm(helm, "template", "kai-ray", str(CHART), "--set", bad, check=False)
     assert out.returncode != 0 and field in out.stderr, out.stderr
@@ -156,7 +161,8 @@ def test_priority_classes_are_kais(helm: str) -> None:
 def test_scheduler_values_reach_kai_ray_run(helm: str, tmp_path: Path) -> None:
     docs = render(helm, "scheduler.placement.gpu=spread", "scheduler.cyclePeriodSeconds=3",
                   "scheduler.gpuPacking=lookahead",
-                  "scheduler.maxConsolidationPreemptees=4", "metrics.port=9100")
+                  "scheduler.maxConsolidationPreemptees=4", "metrics.port=9100",
+                  "scheduler.clientConnection.qps=200")
     config = by_kind(docs, "ConfigMap")["kai-ray-scheduler"]["data"]["config.yaml"]
     path = tmp_path / "config.yaml"
     path.write_text(config)
@@ -165,6 +171,7 @@ def test_scheduler_values_reach_kai_ray_run(helm: str, tmp_path: Path) -> None:
     assert loop.core.placement.gpu == "spread" and loop.core.placement.cpu == "binpack"
     assert loop.core.max_consolidation_preemptees == 4
     assert loop.core.gpu_packing == "lookahead"
+    assert config_file.client_connection(str(path)) == config_file.ClientConnection(200, 100)
     args = by_kind(docs, "Deployment")["kai-ray-scheduler"]["spec"]["template"]["spec"][
         "containers"][0]["args"]
     assert args[0] == "scheduler"

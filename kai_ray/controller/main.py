@@ -10,6 +10,8 @@ import sys
 import threading
 from typing import Any
 
+from kubernetes.client import ApiClient
+
 from kai_ray.controller.leader import LeaderElector, LeaseConfig
 from kai_ray.controller.metrics import SchedulerMetrics, start_metrics_server
 from kai_ray.controller.podgrouper import PodGrouper
@@ -29,10 +31,31 @@ def load_config(path: str | None) -> LoopConfig:
     return LoopConfig(period_s=period, core=core)
 
 
+def client_connection(args: argparse.Namespace) -> config_file.ClientConnection:
+    """The client's rate limit: --kube-api-qps/--kube-api-burst when given, else the config
+    file's clientConnection, else kube-scheduler's defaults (50, 100)."""
+    conn = config_file.client_connection(getattr(args, "config", None))
+    qps = getattr(args, "kube_api_qps", None)
+    burst = getattr(args, "kube_api_burst", None)
+    return config_file.ClientConnection(conn.qps if qps is None else qps,
+                                        conn.burst if burst is None else burst)
+
+
+def api_clients(args: argparse.Namespace) -> tuple[ApiClient, ApiClient]:
+    """(client for everything, client for events), each with its own token bucket of the same
+    QPS and burst, as kube-scheduler builds its clientset and its event clientset."""
+    conn = client_connection(args)
+    try:
+        return (api_client(args.kubeconfig, qps=conn.qps, burst=conn.burst),
+                api_client(args.kubeconfig, pool_size=8, qps=conn.qps, burst=conn.burst))
+    except ValueError as e:
+        raise SystemExit(f"kai-ray run: {e}") from None
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    api = api_client(args.kubeconfig)
+    api, events_api = api_clients(args)
     loop_config = load_config(getattr(args, "config", None))
     metrics = SchedulerMetrics()
     cache = ClusterCache(api)
@@ -42,8 +65,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"kai-ray run: {e}", file=sys.stderr)
         return 2
     loop = SchedulerLoop(api, cache, loop_config, grouper=None,
-                         on_cycle=lambda r: metrics.record_cycle(r, r.action_seconds.get("cycle")))
-    loop.grouper = PodGrouper(api, cache, loop.events)
+                         on_cycle=lambda r: metrics.record_cycle(r, r.action_seconds.get("cycle")),
+                         events_api=events_api)
+    # 16: a bare pod costs the grouper two round trips (its PodGroup, its annotation)
+    loop.grouper = PodGrouper(api, cache, loop.events, workers=16)
     stop = threading.Event()
     extras: list[Any] = []
 
@@ -84,7 +109,13 @@ def cmd_run(args: argparse.Namespace) -> int:
             break
     for extra in reversed(extras):
         extra.stop()
+    loop.events.flush(5.0)  # events still queued (they are written off the bind path)
     cache.stop()
+    for name, c in (("API", api), ("events", events_api)):
+        limiter = getattr(c, "limiter", None)
+        if limiter is not None:
+            log.info("%s client: %d requests, %.1fs waited for the rate limit", name,
+                     limiter.taken, limiter.waited_s)
     return code
 
 

@@ -20,6 +20,7 @@ from kai_ray.grouping.objects import GroupingError, RayClusterPending
 from kai_ray.grouping.owners import resolve_top_owner
 from kai_ray.grouping.podgroup import group_pod, should_group
 from kai_ray.grouping.update import podgroup_update
+from kai_ray.k8s import rawapi
 from kai_ray.k8s.cache import PG_GROUP, PG_PLURAL, PG_VERSION, ClusterCache
 from kai_ray.k8s.events import EventRecorder
 
@@ -148,21 +149,16 @@ class PodGrouper:
         name = grouping.name
         current = self.cache.podgroups.get(f"{ns}/{name}")
         if current is None:
+            # create first: for a new owner (the common case) that is one request, not a GET
+            # and a create; 409 means it exists after all (the cache lags): read and update it
             try:
-                current = self.custom.get_namespaced_custom_object(
-                    PG_GROUP, PG_VERSION, ns, PG_PLURAL, name)
-            except ApiException as e:
-                if e.status != 404:
-                    raise
-                current = None
-        if current is None:
-            try:
-                self.custom.create_namespaced_custom_object(PG_GROUP, PG_VERSION, ns, PG_PLURAL,
-                                                            desired)
+                rawapi.create_custom(self.api, PG_GROUP, PG_VERSION, ns, PG_PLURAL, desired)
             except ApiException as e:
                 if e.status != 409:
                     raise
-        else:
+                current = self.custom.get_namespaced_custom_object(
+                    PG_GROUP, PG_VERSION, ns, PG_PLURAL, name)
+        if current is not None:
             updated = podgroup_update(current, desired, self.config)
             if updated is not None:
                 self.custom.replace_namespaced_custom_object(PG_GROUP, PG_VERSION, ns,
@@ -172,4 +168,4 @@ class PodGrouper:
         have_ann = (m.get("annotations") or {}).get("pod-group-name")
         have_sub = (m.get("labels") or {}).get("kai.scheduler/subgroup-name")
         if have_ann != name or (grouping.subgroup is not None and have_sub != grouping.subgroup):
-            self.core.patch_namespaced_pod(m["name"], ns, patch)
+            rawapi.patch_pod(self.api, ns, m["name"], patch)

@@ -24,6 +24,7 @@ from kai_ray.k8s.suspend import DEMAND_ANNOTATION, Suspender, wants_suspend
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 ASSUME_SECONDS = 30.0
+GROUPER_IDLE_S = 0.1  # how often the grouper thread looks for new pods when idle
 
 
 @dataclass
@@ -48,10 +49,11 @@ class _Assumed:
 
 class SchedulerLoop:
     def __init__(self, api: client.ApiClient, cache: ClusterCache, config: LoopConfig,
-                 grouper: Any = None, on_cycle: Any = None) -> None:
+                 grouper: Any = None, on_cycle: Any = None,
+                 events_api: client.ApiClient | None = None) -> None:
         self.cache = cache
         self.config = config
-        self.events = EventRecorder(api)
+        self.events = EventRecorder(events_api or api)
         self.binder = Binder(api, self.events, config.binder)
         self.status = StatusWriter(api, self.events)
         self.suspender = Suspender(api, self.events)
@@ -61,6 +63,7 @@ class SchedulerLoop:
         self.cycles = 0
         self.last_result: CycleResult | None = None
         self.stopping = threading.Event()
+        self._grouping: threading.Thread | None = None
 
     # ------------------------------------------------------------------ snapshot
     def _apply_assumed(self, snapshot: Snapshot, pods: dict[str, Obj]) -> Snapshot:
@@ -92,7 +95,9 @@ class SchedulerLoop:
     # ------------------------------------------------------------------ one cycle
     def cycle(self) -> CycleResult:
         start = time.perf_counter()
-        grouped = self.grouper.run_once() if self.grouper is not None else 0
+        # with run() the grouper has its own thread; a cycle called alone groups first
+        grouped = self.grouper.run_once() if self.grouper is not None \
+            and not self.grouping_thread_alive() else 0
         t_group = time.perf_counter()
         pods = {f"{p['metadata'].get('namespace')}/{p['metadata']['name']}": p
                 for p in self.cache.pods.values()}
@@ -133,14 +138,18 @@ class SchedulerLoop:
             if pod is not None and self.binder.evict(pod, ev.message, ev.action):
                 self.assumed[f"{ev.namespace}/{ev.pod}"] = _Assumed(
                     PodStatus.RELEASING, ev.node, (), until)
-        started = [j.name for j in snapshot.jobs
-                   if any(b.job == j.name for b in result.binds)
-                   and not any(p.status in ACTIVE_ALLOCATED for p in j.pods)]
-        self.binder.apply_binds(result, podgroups, pods)
+        bound_jobs = {b.job for b in result.binds}
+        # jobs that start now: the binder stamps their last-start time with their binds
+        started = {j.name for j in snapshot.jobs if j.name in bound_jobs
+                   and not any(p.status in ACTIVE_ALLOCATED for p in j.pods)}
+        self.binder.apply_binds(result, podgroups, pods, started)
+        # counted from the end of the binds: a bind phase of thousands of pods can outlast
+        # ASSUME_SECONDS, and an assumption that expired before the watch showed its bind would
+        # let the next cycle decide the same pod again (the API server refuses: 409)
+        bound_until = time.monotonic() + ASSUME_SECONDS
         for b in result.binds:
             self.assumed[f"{b.namespace}/{b.pod}"] = _Assumed(PodStatus.BOUND, b.node,
-                                                              b.gpu_groups, until)
-        self.status.started(started, podgroups)
+                                                              b.gpu_groups, bound_until)
         self.status.pending(result, podgroups, pods)
         self.status.clear_scheduled(podgroups.values(), set(result.job_status))
         self.status.stale(result, podgroups)
@@ -185,7 +194,33 @@ class SchedulerLoop:
             self.suspender.resume(podgroups[job])
 
     # ------------------------------------------------------------------ loop
+    def grouping_thread_alive(self) -> bool:
+        return self._grouping is not None and self._grouping.is_alive()
+
+    def _group_forever(self, is_leader: Any) -> None:
+        """The pod grouper beside the cycles, not inside them: new pods get their PodGroups
+        while the binder works, and a long bind phase does not hold back grouping."""
+        assert self.grouper is not None
+        last = 0.0
+        while not self.stopping.is_set():
+            # new or changed pods at once; otherwise a pass per cycle period (retries of failed
+            # pods, owner resyncs), as often as when the grouper ran inside the cycle
+            due = bool(self.cache.dirty_pods) or \
+                time.monotonic() - last >= self.config.period_s
+            if due and (is_leader is None or is_leader()):
+                last = time.monotonic()
+                try:
+                    self.grouper.run_once()
+                except Exception:  # one bad pass must not stop grouping
+                    log.exception("pod grouping failed")
+            else:
+                self.stopping.wait(GROUPER_IDLE_S)
+
     def run(self, is_leader: Any = None) -> None:
+        if self.grouper is not None and not self.grouping_thread_alive():
+            self._grouping = threading.Thread(target=self._group_forever, args=(is_leader,),
+                                              name="pod-grouper", daemon=True)
+            self._grouping.start()
         while not self.stopping.is_set():
             started = time.monotonic()
             if is_leader is None or is_leader():

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -28,7 +28,7 @@ from kubernetes.client.rest import ApiException
 
 from kai_ray.core.result import Bind, CycleResult
 from kai_ray.grouping import admission
-from kai_ray.k8s import convert
+from kai_ray.k8s import convert, rawapi
 from kai_ray.k8s.cache import PG_GROUP, PG_PLURAL, PG_VERSION
 from kai_ray.k8s.events import EventRecorder
 
@@ -43,7 +43,7 @@ CONFIGMAP_ANNOTATION = "runai/shared-gpu-configmap"
 @dataclass
 class BinderConfig:
     reservation_timeout_s: float = 40.0
-    workers: int = 8  # gangs bound at the same time
+    workers: int = 16  # gangs bound at the same time
     reservation_image: str = "registry.k8s.io/pause:3.10"
 
 
@@ -54,6 +54,7 @@ def _now_rfc3339() -> str:
 class Binder:
     def __init__(self, api: client.ApiClient, events: EventRecorder,
                  config: BinderConfig | None = None) -> None:
+        self.api = api
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.events = events
@@ -64,11 +65,10 @@ class Binder:
                                        thread_name_prefix="binder")
 
     # ------------------------------------------------------------------ intents
-    def _patch_pg_annotations(self, pg: Obj, annotations: dict[str, str | None]) -> None:
+    def _patch_pg_annotations(self, pg: Obj, annotations: Mapping[str, str | None]) -> None:
         m = pg["metadata"]
-        self.custom.patch_namespaced_custom_object(
-            PG_GROUP, PG_VERSION, m["namespace"], PG_PLURAL, m["name"],
-            {"metadata": {"annotations": annotations}})
+        rawapi.patch_custom(self.api, PG_GROUP, PG_VERSION, m["namespace"], PG_PLURAL, m["name"],
+                            {"metadata": {"annotations": dict(annotations)}})
 
     def write_intent(self, pg: Obj, binds: list[Bind]) -> None:
         intent = convert.bind_intent(pg)
@@ -99,7 +99,10 @@ class Binder:
 
     # ------------------------------------------------------------------ binds
     def apply_binds(self, result: CycleResult, podgroups: dict[str, Obj],
-                    pods: dict[str, Obj]) -> int:
+                    pods: dict[str, Obj], starting: Collection[str] = ()) -> int:
+        """Bind the cycle's decisions, gangs concurrently. Jobs in `starting` (none of their
+        pods ran before) get the last-start annotation once a bind succeeded, in the same
+        PodGroup patch that clears a gang's intent (a separate one for a single pod)."""
         by_job: dict[str, list[Bind]] = {}
         for b in result.binds:
             by_job.setdefault(b.job, []).append(b)
@@ -108,16 +111,20 @@ class Binder:
             pg = podgroups.get(job)
             if pg is None:
                 return 0
+            stamp = {convert.LAST_START_ANNOTATION: _now_rfc3339()} if job in starting else {}
             if len(binds) == 1:
                 # one Binding is atomic: nothing can be left half done, no intent needed
-                return self._bind_gang(pg, binds, pods, intent=False)
+                done = self._bind_gang(pg, binds, pods, intent=False)
+                if done and stamp:
+                    self._annotate_quietly(pg, stamp)
+                return done
             try:
                 self.write_intent(pg, binds)
             except ApiException as e:
                 log.warning("PodGroup %s: bind intent not written (%s); skipping its binds",
                             job, e.status)
                 return 0
-            return self._bind_gang(pg, binds, pods)
+            return self._bind_gang(pg, binds, pods, started=stamp)
 
         # gangs are independent: bind them concurrently (each gang's pods in order)
         if len(by_job) <= 1 or self.config.workers <= 1:
@@ -125,8 +132,16 @@ class Binder:
         futures = [self.pool.submit(one, job, binds) for job, binds in by_job.items()]
         return sum(f.result() for f in futures)
 
+    def _annotate_quietly(self, pg: Obj, annotations: Mapping[str, str | None]) -> None:
+        try:
+            self._patch_pg_annotations(pg, annotations)
+        except ApiException as e:
+            if e.status != 404:
+                log.warning("PodGroup %s annotations %s not written: %s",
+                            pg["metadata"]["name"], sorted(annotations), e.status)
+
     def _bind_gang(self, pg: Obj, binds: list[Bind], pods: dict[str, Obj],
-                   intent: bool = True) -> int:
+                   intent: bool = True, started: dict[str, str] | None = None) -> int:
         finished: list[str] = []
         done = 0
         for b in binds:
@@ -160,8 +175,11 @@ class Binder:
             for name in finished:
                 pending.pop(name, None)
             value = json.dumps(pending) if pending else None
+            update: dict[str, str | None] = {convert.BIND_INTENT_ANNOTATION: value}
+            if done and started:
+                update.update(started)
             try:
-                self._patch_pg_annotations(pg, {convert.BIND_INTENT_ANNOTATION: value})
+                self._patch_pg_annotations(pg, update)
             except ApiException as e:
                 log.warning("PodGroup %s: intent not cleared (%s)", pg["metadata"]["name"],
                             e.status)
@@ -169,13 +187,7 @@ class Binder:
 
     def _bind(self, pod: Obj, node: str) -> None:
         m = pod["metadata"]
-        body = client.V1Binding(
-            metadata=client.V1ObjectMeta(name=m["name"], namespace=m["namespace"],
-                                         uid=m.get("uid")),
-            target=client.V1ObjectReference(api_version="v1", kind="Node", name=node))
-        # the generated client cannot parse the Binding it gets back; we need no body
-        self.core.create_namespaced_pod_binding(m["name"], m["namespace"], body,
-                                                _preload_content=False)
+        rawapi.bind(self.api, m["namespace"], m["name"], m.get("uid"), node)
 
     # ------------------------------------------------------------------ GPU sharing
     def _ensure_reservation_namespace(self) -> None:

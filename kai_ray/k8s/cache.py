@@ -8,11 +8,12 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from kubernetes import client, watch
+from kubernetes import client
 from kubernetes.client.rest import ApiException
+from kubernetes.watch.watch import iter_resp_lines
 
 from kai_ray.core.model import Node, Snapshot
 from kai_ray.k8s import convert
@@ -45,15 +46,14 @@ class Informer:
         self.stopping = threading.Event()
         self.watch_timeout = watch_timeout
         self.thread = threading.Thread(target=self._run, name=f"informer-{name}", daemon=True)
-        self._watch: watch.Watch | None = None
 
     def start(self) -> None:
         self.thread.start()
 
     def stop(self) -> None:
+        """The stream ends at its next event or timeout (the thread is a daemon). Closing the
+        response from here would block on the lock its reading thread holds."""
         self.stopping.set()
-        if self._watch is not None:
-            self._watch.stop()
 
     def values(self) -> list[Obj]:
         with self.lock:
@@ -78,6 +78,21 @@ class Informer:
         rv: str = (body.get("metadata") or {}).get("resourceVersion", "")
         return rv
 
+    def _stream(self, rv: str) -> Iterator[Obj]:
+        """The watch's events as plain dicts. Not `kubernetes.watch.Watch`: it would turn every
+        object into the generated models first, the most CPU the scheduler spends on a busy
+        cluster, for objects we only read as JSON."""
+        resp = self.list_fn(watch=True, resource_version=rv, timeout_seconds=self.watch_timeout,
+                            allow_watch_bookmarks=True, _preload_content=False)
+        try:
+            for line in iter_resp_lines(resp):
+                if self.stopping.is_set():
+                    return
+                if line:
+                    yield json.loads(line)
+        finally:
+            resp.release_conn()
+
     def _run(self) -> None:
         rv = ""
         backoff = 0.5
@@ -85,11 +100,8 @@ class Informer:
             try:
                 if not rv:
                     rv = self._list()
-                self._watch = watch.Watch()
-                for event in self._watch.stream(self.list_fn, resource_version=rv,
-                                                timeout_seconds=self.watch_timeout,
-                                                allow_watch_bookmarks=True):
-                    kind, obj = event["type"], event["raw_object"]
+                for event in self._stream(rv):
+                    kind, obj = event["type"], event["object"]
                     if kind == "ERROR":
                         if obj.get("code") == 410:
                             rv = ""

@@ -7,9 +7,16 @@ import os
 
 from kubernetes import client, config
 
+from kai_ray.k8s.ratelimit import RateLimitedApiClient, bucket
 
-def api_client(kubeconfig: str | None = None, pool_size: int = 32) -> client.ApiClient:
-    """`pool_size` connections, so concurrent writers (the binder's workers) do not queue."""
+
+def api_client(kubeconfig: str | None = None, pool_size: int = 64, qps: float = -1.0,
+               burst: int = 0) -> client.ApiClient:
+    """`pool_size` kept connections: more than the threads that use one client at a time
+    (binder, grouper and status workers, one per watch), else urllib3 opens and drops extra
+    ones, a TLS handshake each;
+    `qps`/`burst`: one token bucket for every request of this client (negative QPS: no limit,
+    the default for the tools)."""
     configuration = client.Configuration()
     if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST") \
             and not os.environ.get("KUBECONFIG"):
@@ -17,4 +24,4 @@ def api_client(kubeconfig: str | None = None, pool_size: int = 32) -> client.Api
     else:
         config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
     configuration.connection_pool_maxsize = pool_size
-    return client.ApiClient(configuration)
+    return RateLimitedApiClient(configuration, bucket(qps, burst))

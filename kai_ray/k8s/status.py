@@ -14,7 +14,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from kai_ray.core.result import CycleResult, JobStatus, QueueShare
-from kai_ray.k8s import convert
+from kai_ray.k8s import convert, rawapi
 from kai_ray.k8s.cache import PG_GROUP, PG_PLURAL, PG_VERSION, Q_GROUP, Q_PLURAL, Q_VERSION
 from kai_ray.k8s.events import EventRecorder
 
@@ -45,6 +45,7 @@ def resource_list(values: tuple[float, float, float]) -> dict[str, str]:
 class StatusWriter:
     def __init__(self, api: client.ApiClient, events: EventRecorder, workers: int = 8) -> None:
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="status")
+        self.api = api
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.events = events
@@ -118,8 +119,8 @@ class StatusWriter:
     def _patch_pg_status(self, pg: Obj, status: Obj) -> None:
         m = pg["metadata"]
         try:
-            self.custom.patch_namespaced_custom_object_status(
-                PG_GROUP, PG_VERSION, m["namespace"], PG_PLURAL, m["name"], {"status": status})
+            rawapi.patch_custom(self.api, PG_GROUP, PG_VERSION, m["namespace"], PG_PLURAL,
+                                m["name"], {"status": status}, subresource="status")
         except ApiException as e:
             if e.status != 404:
                 log.warning("PodGroup %s status not written: %s", m["name"], e.status)
@@ -145,20 +146,13 @@ class StatusWriter:
                 self.events.emit(pg, "Evict", ev.message, kind="PodGroup",
                                  api_version=f"{PG_GROUP}/{PG_VERSION}")
 
-    def started(self, jobs: Iterable[str], podgroups: dict[str, Obj]) -> None:
-        now = _now()
-        list(self.pool.map(
-            lambda job: self._annotate(podgroups.get(job), convert.LAST_START_ANNOTATION, now),
-            jobs))
-
     def _annotate(self, pg: Obj | None, key: str, value: str | None) -> None:
         if pg is None:
             return
         m = pg["metadata"]
         try:
-            self.custom.patch_namespaced_custom_object(
-                PG_GROUP, PG_VERSION, m["namespace"], PG_PLURAL, m["name"],
-                {"metadata": {"annotations": {key: value}}})
+            rawapi.patch_custom(self.api, PG_GROUP, PG_VERSION, m["namespace"], PG_PLURAL,
+                                m["name"], {"metadata": {"annotations": {key: value}}})
         except ApiException as e:
             if e.status != 404:
                 log.warning("PodGroup %s annotation %s not written: %s", m["name"], key, e.status)

@@ -119,8 +119,9 @@ def test_scale_up_past_room_scale_down_named_workers_and_extras_go_first(
             describe(core, namespace)
         evicted = keep - _uids(left)
         assert len(evicted) == 1, describe(core, namespace)
-        events = core.list_namespaced_event(namespace, field_selector="reason=Preempted").items
-        assert {e.involved_object.uid for e in events} == evicted
+        wait_for("the Preempted event of the evicted pod", lambda: {
+            e.involved_object.uid for e in core.list_namespaced_event(
+                namespace, field_selector="reason=Preempted").items} == evicted, timeout=10)
 
         # raising minReplicas raises the PodGroup's minimum: the pod grouper watches
         # RayClusters, so within a few cycles rather than at its 10 s resync

@@ -129,9 +129,9 @@ def test_build_cluster_preempts_train_cluster_whole_and_kuberay_recreates_it(
         # the whole train gang went, head included, never a part of it
         live_uids = {p.metadata.uid for p in core.list_namespaced_pod(namespace).items}
         assert not set(first.values()) & live_uids, describe(core, namespace)
-        events = core.list_namespaced_event(namespace).items
-        preempted = {e.involved_object.name for e in events if e.reason == "Preempted"}
-        assert set(first) <= preempted, preempted
+        wait_for("a Preempted event per train pod", lambda: set(first) <= {
+            e.involved_object.name for e in core.list_namespaced_event(namespace).items
+            if e.reason == "Preempted"}, timeout=10)
 
         # KubeRay re-creates the train cluster's pods; they wait, none bound
         wait_pods(core, namespace, "train", 3, timeout=60)
@@ -183,6 +183,10 @@ def test_reclaim_gives_the_second_queue_its_share_from_elastic_workers(
         wait_for("A's re-created workers pending", lambda: len(
             ray_pods(core, namespace, "a")) == 5, timeout=30)
         assert len(bound(ray_pods(core, namespace, "a"))) == 3
+        wait_for("two pods' reclaim events", lambda: len({
+            e.involved_object.name for e in core.list_namespaced_event(namespace).items
+            if e.reason in ("Reclaimed", "Preempted", "Evict")
+            and e.involved_object.kind == "Pod"}) >= 2, timeout=10)
         events = core.list_namespaced_event(namespace).items
         reclaimed = [e for e in events if e.reason in ("Reclaimed", "Preempted", "Evict")
                      and e.involved_object.kind == "Pod"]

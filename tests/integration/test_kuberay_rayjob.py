@@ -150,10 +150,10 @@ def test_preempted_sidecar_rayjob_is_suspended_and_resumes(cluster, namespace,
         wait_for("build running", lambda: len(running(ray_pods(core, namespace, "build")))
                  == 3, timeout=60, detail=detail)
         assert ray_pods(core, namespace, first) == []
-        events = core.list_namespaced_event(
-            namespace, field_selector="involvedObject.kind=RayJob").items
-        assert any(e.reason == "Suspended" and "build" in e.message for e in events), [
-            (e.reason, e.message) for e in events]
+        wait_for("the RayJob's Suspended event", lambda: any(
+            e.reason == "Suspended" and "build" in e.message
+            for e in core.list_namespaced_event(
+                namespace, field_selector="involvedObject.kind=RayJob").items), timeout=10)
         # the gang's demand is still seen: the PodGroup says why it waits
         pg = client.CustomObjectsApi(api).get_namespaced_custom_object(
             "scheduling.run.ai", "v2alpha2", namespace, "podgroups", pg_name)
@@ -169,9 +169,9 @@ def test_preempted_sidecar_rayjob_is_suspended_and_resumes(cluster, namespace,
             and len(running(ray_pods(core, namespace, name))) == 3), timeout=120,
             detail=detail)
         assert get(api, namespace, "RayJob", "job")["spec"].get("suspend") is False
-        events = core.list_namespaced_event(
-            namespace, field_selector="involvedObject.kind=RayJob").items
-        assert any(e.reason == "Resumed" for e in events)
+        wait_for("the RayJob's Resumed event", lambda: any(
+            e.reason == "Resumed" for e in core.list_namespaced_event(
+                namespace, field_selector="involvedObject.kind=RayJob").items), timeout=10)
     finally:
         delete(api, namespace, "RayJob", "job")
         delete(api, namespace, "RayCluster", "build")

@@ -82,8 +82,10 @@ def test_kai_quickstart_pods_run_and_share_a_device(cluster, gpu_nodes, namespac
     reservations = core.list_namespaced_pod("kai-resource-reservation",
                                             label_selector=f"runai-gpu-group={groups['half-0']}")
     assert len(reservations.items) == 1
-    events = core.list_namespaced_event(namespace, field_selector="reason=Scheduled").items
-    assert {e.involved_object.name for e in events} >= set(names)
+    # events are written off the bind path: wait for them rather than read once
+    wait_for("a Scheduled event per pod", lambda: {e.involved_object.name for e in
+             core.list_namespaced_event(namespace, field_selector="reason=Scheduled").items}
+             >= set(names), timeout=10)
 
 
 def test_gang_waits_whole_then_binds_in_one_cycle(cluster, namespace, kai_scheduler):
@@ -142,8 +144,9 @@ def test_build_preempts_train_in_a_limited_queue(cluster, namespace, kai_schedul
                  == "Running", timeout=60, detail=kai_scheduler.log_tail)
         remaining = [p.metadata.name for p in core.list_namespaced_pod(namespace).items]
         assert "train-pod" not in remaining, "the train pod should have been preempted"
-        events = core.list_namespaced_event(namespace).items
-        assert any(e.reason == "Preempted" and "higher priority" in e.message for e in events)
+        wait_for("the Preempted event", lambda: any(
+            e.reason == "Preempted" and "higher priority" in e.message
+            for e in core.list_namespaced_event(namespace).items), timeout=10)
     finally:
         delete_queues(api, created)
 

@@ -1,0 +1,110 @@
+"""The scheduling loop's threads and timing: the pod grouper beside the cycles (new pods at once,
+otherwise one pass per cycle period, nothing while not the leader), and bound pods staying
+assumed after a bind phase longer than the assume window."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from kubernetes import client
+
+from kai_ray.controller.scheduler_loop import LoopConfig, SchedulerLoop
+
+
+class _Cache:
+    def __init__(self) -> None:
+        self.dirty_pods: set[str] = set()
+
+
+class _Grouper:
+    def __init__(self, cache: _Cache) -> None:
+        self.cache = cache
+        self.passes: list[float] = []
+
+    def run_once(self) -> int:
+        self.passes.append(time.monotonic())
+        n = len(self.cache.dirty_pods)
+        self.cache.dirty_pods = set()
+        return n
+
+
+def _run(period: float, seconds: float, leader: bool = True,
+         new_pod_at: float | None = None) -> tuple[_Grouper, float | None]:
+    cache = _Cache()
+    loop = SchedulerLoop(client.ApiClient(client.Configuration()), cache,  # type: ignore[arg-type]
+                         LoopConfig(period_s=period))
+    grouper = _Grouper(cache)
+    loop.grouper = grouper
+    t = threading.Thread(target=loop._group_forever, args=(lambda: leader,), daemon=True)
+    t.start()
+    added = None
+    if new_pod_at is not None:
+        time.sleep(new_pod_at)
+        added = time.monotonic()
+        cache.dirty_pods.add("ns/new")
+        time.sleep(seconds - new_pod_at)
+    else:
+        time.sleep(seconds)
+    loop.stop()
+    t.join(2)
+    return grouper, added
+
+
+def test_idle_grouper_passes_once_per_period() -> None:
+    grouper, _ = _run(period=0.5, seconds=1.6)
+    assert 3 <= len(grouper.passes) <= 5  # not every 0.1 s idle tick
+
+
+def test_a_new_pod_is_grouped_without_waiting_for_the_period() -> None:
+    grouper, added = _run(period=5.0, seconds=1.0, new_pod_at=0.5)
+    assert added is not None
+    later = [t for t in grouper.passes if t >= added]
+    assert later and later[0] - added < 0.5
+
+
+def test_a_standby_does_not_group() -> None:
+    grouper, _ = _run(period=0.2, seconds=0.8, leader=False)
+    assert grouper.passes == []
+
+
+class _SlowBinder:
+    """Binds that take longer than the assume window."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def apply_binds(self, *args: object) -> int:
+        time.sleep(self.seconds)
+        return 0
+
+    def evict(self, *args: object) -> bool:
+        return False
+
+    def collect_reservations(self, *args: object) -> int:
+        return 0
+
+
+class _NoStatus:
+    def __getattr__(self, name: str) -> object:
+        return lambda *args, **kwargs: None
+
+
+def test_bound_pods_stay_assumed_after_a_long_bind_phase(monkeypatch) -> None:
+    """A bind phase longer than the assume window must not leave its pods unassumed: the next
+    cycle would decide them again."""
+    from kai_ray.controller import scheduler_loop
+    from kai_ray.core.model import PodStatus, Snapshot
+    from kai_ray.core.result import Bind, CycleResult
+
+    monkeypatch.setattr(scheduler_loop, "ASSUME_SECONDS", 0.3)
+    cache = _Cache()
+    cache.queues = {}  # type: ignore[attr-defined]
+    loop = SchedulerLoop(client.ApiClient(client.Configuration()), cache,  # type: ignore[arg-type]
+                         LoopConfig())
+    loop.binder = _SlowBinder(0.5)  # type: ignore[assignment]
+    loop.status = _NoStatus()  # type: ignore[assignment]
+    result = CycleResult(binds=[Bind(job="j", namespace="ns", pod="p", node="n1")])
+    loop._carry_out(result, Snapshot(nodes=(), queues=(), jobs=()), {}, {}, [])
+    assumed = loop.assumed["ns/p"]
+    assert assumed.status == PodStatus.BOUND and assumed.until > time.monotonic()

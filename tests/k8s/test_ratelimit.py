@@ -1,0 +1,194 @@
+"""The client's rate limit (kube-scheduler's --kube-api-qps/--kube-api-burst): the token bucket
+on a fake clock, the limit on real HTTP requests to a local server, and the flags and the config
+file reaching the clients `kai-ray run` builds. Also the event writers: asynchronous, every
+event written, none twice."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import ClassVar
+
+import pytest
+from kubernetes import client
+
+from kai_ray.cli import build_parser
+from kai_ray.controller.main import api_clients, client_connection
+from kai_ray.k8s import config_file
+from kai_ray.k8s.events import EventRecorder
+from kai_ray.k8s.ratelimit import RateLimitedApiClient, TokenBucket, bucket
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.slept.append(seconds)
+        self.now += seconds
+
+
+def test_burst_is_free_then_one_token_per_interval() -> None:
+    clock = FakeClock()
+    tb = TokenBucket(qps=10, burst=3, clock=clock, sleep=clock.sleep)
+    assert [tb.take() for _ in range(3)] == [0, 0, 0]
+    waits = [tb.take() for _ in range(4)]
+    assert waits == pytest.approx([0.1] * 4)
+    assert clock.now == pytest.approx(100.4)  # 7 requests: 3 at once, then 10 per second
+
+
+def test_idle_time_refills_up_to_the_burst_only() -> None:
+    clock = FakeClock()
+    tb = TokenBucket(qps=10, burst=2, clock=clock, sleep=clock.sleep)
+    tb.take(), tb.take()
+    clock.now += 60  # a minute idle is worth 2 tokens, not 600
+    assert [tb.take() for _ in range(3)] == pytest.approx([0, 0, 0.1])
+
+
+def test_waiters_hold_their_own_slots() -> None:
+    """Reservations queue up: the n-th request past the burst waits n intervals."""
+    clock = FakeClock()
+    tb = TokenBucket(qps=4, burst=1, clock=clock, sleep=clock.sleep)
+    assert [tb.reserve() for _ in range(4)] == pytest.approx([0, 0.25, 0.5, 0.75])
+
+
+def test_bucket_rules() -> None:
+    assert bucket(-1, 0) is None  # client-go: a negative QPS means no limit
+    assert bucket(50, 100).qps == 50  # type: ignore[union-attr]
+    with pytest.raises(ValueError, match="kube-api-qps"):
+        bucket(0, 10)
+    with pytest.raises(ValueError, match="kube-api-burst"):
+        bucket(5, 0)
+
+
+class _Counting(BaseHTTPRequestHandler):
+    hits: ClassVar[list[tuple[str, str, dict]]] = []
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(length)) if length else {}
+        type(self).hits.append((self.command, self.path, body))
+        data = b'{"kind": "Status", "status": "Success"}'
+        self.send_response(201 if self.command == "POST" else 200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_POST = do_PATCH = _answer
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture
+def server() -> Iterator[str]:
+    _Counting.hits = []
+    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Counting)
+    t = threading.Thread(target=httpd.serve_forever, daemon=True)
+    t.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def _client(host: str, limiter: TokenBucket | None) -> RateLimitedApiClient:
+    cfg = client.Configuration()
+    cfg.host = host
+    return RateLimitedApiClient(cfg, limiter)
+
+
+def test_the_limit_holds_on_real_requests(server: str) -> None:
+    core = client.CoreV1Api(_client(server, TokenBucket(qps=20, burst=2)))
+    t = time.monotonic()
+    for _ in range(12):
+        core.read_namespace("x", _preload_content=False)
+    limited = time.monotonic() - t
+    assert len(_Counting.hits) == 12
+    assert limited >= 0.45  # 2 free, then 10 at 20 per second
+
+    core = client.CoreV1Api(_client(server, None))
+    t = time.monotonic()
+    for _ in range(12):
+        core.read_namespace("x", _preload_content=False)
+    assert time.monotonic() - t < limited
+
+
+def _kubeconfig(tmp_path: Path, server: str) -> str:
+    path = tmp_path / "kubeconfig"
+    path.write_text(json.dumps({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "k", "cluster": {"server": server}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}]}))
+    return str(path)
+
+
+def test_run_flags_reach_both_buckets(tmp_path: Path, server: str) -> None:
+    args = build_parser().parse_args(["run", "--kubeconfig", _kubeconfig(tmp_path, server),
+                                      "--kube-api-qps", "7", "--kube-api-burst", "3"])
+    api, events_api = api_clients(args)
+    for c in (api, events_api):
+        assert isinstance(c, RateLimitedApiClient) and c.limiter is not None
+        assert (c.limiter.qps, c.limiter.burst) == (7, 3)
+    assert api.limiter is not events_api.limiter  # kube-scheduler: its own for events
+    client.CoreV1Api(api).read_namespace("x", _preload_content=False)
+    assert api.limiter.taken == 1 and events_api.limiter.taken == 0
+
+
+def test_defaults_config_file_and_flag_precedence(tmp_path: Path) -> None:
+    parse = build_parser().parse_args
+    assert client_connection(parse(["run"])) == config_file.ClientConnection(50, 100)
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("clientConnection: {qps: 300, burst: 600}\n")
+    assert client_connection(parse(["run", "--config", str(cfg)])) == \
+        config_file.ClientConnection(300, 600)
+    assert client_connection(parse(["run", "--config", str(cfg), "--kube-api-qps", "-1"])) \
+        == config_file.ClientConnection(-1, 600)
+    args = parse(["run", "--kubeconfig", _kubeconfig(tmp_path, "http://127.0.0.1:1"),
+                  "--kube-api-qps", "-1"])
+    assert api_clients(args)[0].limiter is None  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("text,key", [("clientConnection: {qps: 0}", "clientConnection.qps"),
+                                      ("clientConnection: {qps: fast}", "clientConnection.qps"),
+                                      ("clientConnection: {burst: 0}", "clientConnection.burst"),
+                                      ("clientConnection: {qsp: 5}", "qsp")])
+def test_bad_client_connection_names_the_key(tmp_path: Path, text: str, key: str) -> None:
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(text + "\n")
+    with pytest.raises(SystemExit, match=key):
+        config_file.client_connection(str(cfg))
+    config_file.read(str(cfg))  # the scheduler's own keys are still readable
+
+
+def test_zero_qps_flag_is_refused(tmp_path: Path) -> None:
+    args = build_parser().parse_args(["run", "--kubeconfig",
+                                      _kubeconfig(tmp_path, "http://127.0.0.1:1"),
+                                      "--kube-api-qps", "0"])
+    with pytest.raises(SystemExit, match="kube-api-qps"):
+        api_clients(args)
+
+
+def test_events_are_written_off_the_caller_path_every_one_once(server: str) -> None:
+    rec = EventRecorder(_client(server, None), writers=3)
+    for i in range(40):
+        pod = {"metadata": {"name": f"p{i}", "namespace": "ns", "uid": f"u{i}"}}
+        rec.emit(pod, "Scheduled", f"Successfully assigned ns/p{i} to n1")
+        rec.emit(pod, "Scheduled", f"Successfully assigned ns/p{i} to n1")  # deduplicated
+    assert rec.flush(10)
+    posts = [(p, b) for m, p, b in _Counting.hits if m == "POST"]
+    assert len(posts) == 40 and rec.written == 40
+    assert {p for p, _ in posts} == {"/api/v1/namespaces/ns/events"}
+    names = sorted(b["involvedObject"]["name"] for _, b in posts)
+    assert names == sorted(f"p{i}" for i in range(40))
+    assert all(b["reason"] == "Scheduled" and b["source"]["component"] == "kai-scheduler"
+               for _, b in posts)
