@@ -21,14 +21,21 @@ BoolArray = npt.NDArray[np.bool_]
 MIB = 1024 * 1024
 
 
-def _models(sess: Session) -> npt.NDArray[np.int64]:
+PRODUCT_LABEL = "nvidia.com/gpu.product"
+
+
+def _model_ids(sess: Session) -> tuple[npt.NDArray[np.int64], dict[str, int]]:
+    """Each node's GPU model id (-1 without GPUs) and the ids by product label."""
     names: dict[str, int] = {}
     out = np.full(len(sess.nodes), -1, dtype=np.int64)
     for i, labels in enumerate(sess.node_labels):
         if sess.cap_gpu[i] > 0:
-            product = labels.get("nvidia.com/gpu.product", "")
-            out[i] = names.setdefault(product, len(names))
-    return out
+            out[i] = names.setdefault(labels.get(PRODUCT_LABEL, ""), len(names))
+    return out, names
+
+
+def _models(sess: Session) -> npt.NDArray[np.int64]:
+    return _model_ids(sess)[0]
 
 
 def node_state(sess: Session) -> packing.NodeState:
@@ -54,15 +61,32 @@ def typical(sess: Session) -> packing.ShapeSet | None:
     cached: packing.ShapeSet | None = sess.__dict__.get("typical_shapes")
     if cached is not None or "typical_shapes" in sess.__dict__:
         return cached
-    tasks = [t for t in sess.tasks if t.req.gpus or t.req.gpu_fraction_milli]
+    model_of, names = _model_ids(sess)
+    # a pod pinned to a GPU model (node selector on the product label) may only use that
+    # model's nodes, as the trace's gpu_spec; one pinned to a model the cluster lacks never
+    # lands anywhere and is left out
+    tasks: list[Task] = []
+    pinned: list[int | None] = []
+    for t in sess.tasks:
+        if not (t.req.gpus or t.req.gpu_fraction_milli):
+            continue
+        product = dict(t.node_selector).get(PRODUCT_LABEL)
+        if product is not None and product not in names:
+            continue
+        tasks.append(t)
+        pinned.append(None if product is None else names[product])
     shapes = None
     if tasks:
         cpu = np.array([t.req.cpu_m for t in tasks], dtype=np.int64)
         num = np.array([t.req.gpus or 1 for t in tasks], dtype=np.int64)
         milli = np.array([MILLI if t.req.gpus else t.req.gpu_fraction_milli for t in tasks],
                          dtype=np.int64)
-        models = int(_models(sess).max()) + 1
+        models = int(model_of.max()) + 1
         allowed = np.ones((len(tasks), max(models, 1)), dtype=np.bool_)
+        for row, model in enumerate(pinned):
+            if model is not None:
+                allowed[row] = False
+                allowed[row, model] = True
         shapes = packing.typical_shapes(cpu, num, milli, allowed)
     sess.__dict__["typical_shapes"] = shapes
     return shapes

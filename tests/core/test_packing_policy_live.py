@@ -45,3 +45,29 @@ def test_unknown_policy_fails_loudly():
         assert "nonsense" in str(e)
     else:
         raise AssertionError("an unknown policy must be refused")
+
+
+def test_typical_shapes_keep_a_pods_gpu_model_pin():
+    """A pod pinned to a GPU model (node selector on nvidia.com/gpu.product) counts only for
+    that model's nodes in the typical shapes, as gpu_spec does in the trace; a pin to a model
+    the cluster lacks leaves the pod out."""
+    from kai_ray.core import packing_policy
+    from kai_ray.core.state import Session
+
+    product = "nvidia.com/gpu.product"
+    nodes = (Node("a", 64000, 256 * 2**30, 2, labels=((product, "A100"),)),
+             Node("b", 64000, 256 * 2**30, 2, labels=((product, "V100"),)))
+    pods = (Pod("free", Request(1000, 2**30, gpu_fraction_milli=500)),
+            Pod("pinned", Request(2000, 2**30, gpus=1), node_selector=((product, "V100"),)),
+            Pod("nowhere", Request(3000, 2**30, gpus=2), node_selector=((product, "H100"),)))
+    jobs = tuple(Job(p.name, "q", 50, (p,)) for p in pods)
+    sess = Session(Snapshot(nodes, (Queue("q", gpu=OPEN, cpu=OPEN, memory=OPEN),), jobs),
+                   SchedulerConfig(), 0.0)
+    shapes = packing_policy.typical(sess)
+    assert shapes is not None
+    rows = {int(cpu): [bool(x) for x in shapes.allowed[i]]
+            for i, cpu in enumerate(shapes.cpu_milli)}
+    model = packing_policy._model_ids(sess)[1]
+    assert rows[1000] == [True, True]
+    assert rows[2000] == [m == model["V100"] for m in range(2)]
+    assert 3000 not in rows
