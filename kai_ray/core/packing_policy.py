@@ -34,10 +34,6 @@ def _model_ids(sess: Session) -> tuple[npt.NDArray[np.int64], dict[str, int]]:
     return out, names
 
 
-def _models(sess: Session) -> npt.NDArray[np.int64]:
-    return _model_ids(sess)[0]
-
-
 def node_state(sess: Session) -> packing.NodeState:
     """The session's idle resources as the packing policies see them."""
     width = max(1, int(sess.cap_gpu.max()) if len(sess.nodes) else 1)
@@ -53,7 +49,7 @@ def node_state(sess: Session) -> packing.NodeState:
     return packing.NodeState(
         cpu_free=(sess.cap_cpu - sess.used_cpu).astype(np.int64),
         mem_free=((sess.cap_mem - sess.used_mem) // MIB).astype(np.int64),
-        gpu_free=gpu_free.astype(np.int64), model=_models(sess))
+        gpu_free=gpu_free.astype(np.int64), model=_model_ids(sess)[0])
 
 
 def typical(sess: Session) -> packing.ShapeSet | None:

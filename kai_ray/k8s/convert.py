@@ -275,9 +275,8 @@ def priority_of(class_name: str | None, classes: Mapping[str, int], default: int
     return default if default is not None else DEFAULT_PRIORITY
 
 
-def bind_intent(podgroup: Obj) -> dict[str, Any]:
-    """The binder's pending decisions for this gang: {pod name: {node, gpu_groups, ...}}."""
-    raw = (meta(podgroup).get("annotations") or {}).get(BIND_INTENT_ANNOTATION)
+def _json_object(raw: str | None) -> dict[str, Any]:
+    """An annotation holding a JSON object; missing or malformed: empty."""
     if not raw:
         return {}
     try:
@@ -287,17 +286,14 @@ def bind_intent(podgroup: Obj) -> dict[str, Any]:
     return value if isinstance(value, dict) else {}
 
 
+def bind_intent(podgroup: Obj) -> dict[str, Any]:
+    """The binder's pending decisions for this gang: {pod name: {node, gpu_groups, ...}}."""
+    return _json_object((meta(podgroup).get("annotations") or {}).get(BIND_INTENT_ANNOTATION))
+
+
 def _replica_hosts(raw: str | None) -> dict[str, int]:
     """{subgroup: pods per replica} from the pod grouper's annotation (bad values: none)."""
-    if not raw:
-        return {}
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        return {}
-    if not isinstance(value, dict):
-        return {}
-    return {str(k): v for k, v in value.items() if isinstance(v, int) and v >= 1}
+    return {str(k): v for k, v in _json_object(raw).items() if isinstance(v, int) and v >= 1}
 
 
 def job_from(pg: Obj, pods: Iterable[Obj], classes: Mapping[str, int],
