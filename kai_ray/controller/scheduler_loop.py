@@ -94,11 +94,7 @@ class SchedulerLoop:
 
     # ------------------------------------------------------------------ one cycle
     def cycle(self) -> CycleResult:
-        start = time.perf_counter()
-        # with run() the grouper has its own thread; a cycle called alone groups first
-        grouped = self.grouper.run_once() if self.grouper is not None \
-            and not self.grouping_thread_alive() else 0
-        t_group = time.perf_counter()
+        start = time.perf_counter()  # pods are grouped by run()'s grouper thread
         pods = {f"{p['metadata'].get('namespace')}/{p['metadata']['name']}": p
                 for p in self.cache.pods.values()}
         snapshot, problems, podgroups = self.cache.snapshot()
@@ -114,10 +110,10 @@ class SchedulerLoop:
         self.last_result = result
         end = time.perf_counter()
         result.action_seconds["cycle"] = end - start
-        if result.binds or result.evictions or grouped:
-            log.info("cycle %d: grouped %d pods (%.2fs), snapshot of %d jobs (%.2fs), core "
-                     "%.2fs, %d binds / %d evictions / %d pending jobs applied in %.2fs",
-                     self.cycles, grouped, t_group - start, len(snapshot.jobs), t_snap - t_group,
+        if result.binds or result.evictions:
+            log.info("cycle %d: snapshot of %d jobs (%.2fs), core %.2fs, %d binds / %d "
+                     "evictions / %d pending jobs applied in %.2fs",
+                     self.cycles, len(snapshot.jobs), t_snap - start,
                      t_core - t_snap, len(result.binds), len(result.evictions),
                      len(result.job_status), end - t_core)
         if self.on_cycle is not None:
@@ -194,9 +190,6 @@ class SchedulerLoop:
             self.suspender.resume(podgroups[job])
 
     # ------------------------------------------------------------------ loop
-    def grouping_thread_alive(self) -> bool:
-        return self._grouping is not None and self._grouping.is_alive()
-
     def _group_forever(self, is_leader: Any) -> None:
         """The pod grouper beside the cycles, not inside them: new pods get their PodGroups
         while the binder works, and a long bind phase does not hold back grouping."""
@@ -217,7 +210,8 @@ class SchedulerLoop:
                 self.stopping.wait(GROUPER_IDLE_S)
 
     def run(self, is_leader: Any = None) -> None:
-        if self.grouper is not None and not self.grouping_thread_alive():
+        if self.grouper is not None and (self._grouping is None
+                                         or not self._grouping.is_alive()):
             self._grouping = threading.Thread(target=self._group_forever, args=(is_leader,),
                                               name="pod-grouper", daemon=True)
             self._grouping.start()

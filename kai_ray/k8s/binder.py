@@ -20,7 +20,6 @@ import time
 from collections.abc import Collection, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes import client
@@ -45,10 +44,6 @@ class BinderConfig:
     reservation_timeout_s: float = 40.0
     workers: int = 16  # gangs bound at the same time
     reservation_image: str = "registry.k8s.io/pause:3.10"
-
-
-def _now_rfc3339() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 class Binder:
@@ -111,7 +106,8 @@ class Binder:
             pg = podgroups.get(job)
             if pg is None:
                 return 0
-            stamp = {convert.LAST_START_ANNOTATION: _now_rfc3339()} if job in starting else {}
+            stamp = ({convert.LAST_START_ANNOTATION: convert.now_rfc3339()} if job in starting
+                     else {})
             if len(binds) == 1:
                 # one Binding is atomic: nothing can be left half done, no intent needed
                 done = self._bind_gang(pg, binds, pods, intent=False)
@@ -333,4 +329,4 @@ def last_start_needed(pg: Obj) -> bool:
 
 
 def stamp() -> str:
-    return _now_rfc3339()
+    return convert.now_rfc3339()

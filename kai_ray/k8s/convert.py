@@ -11,7 +11,7 @@ import json
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes.utils import parse_quantity
@@ -273,6 +273,11 @@ def priority_of(class_name: str | None, classes: Mapping[str, int], default: int
     if class_name and class_name in classes:
         return classes[class_name]
     return default if default is not None else DEFAULT_PRIORITY
+
+
+def now_rfc3339() -> str:
+    """Now, as the API server writes timestamps (RFC 3339, seconds, UTC)."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _json_object(raw: str | None) -> dict[str, Any]:

@@ -10,13 +10,12 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from datetime import UTC, datetime
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from kai_ray.k8s import rawapi
+from kai_ray.k8s import convert, rawapi
 
 log = logging.getLogger(__name__)
 COMPONENT = "kai-scheduler"
@@ -26,16 +25,15 @@ Obj = dict[str, Any]
 class EventRecorder:
     def __init__(self, api: client.ApiClient, max_remembered: int = 50_000, writers: int = 4
                  ) -> None:
-        """`writers` threads post events (0: post synchronously in `emit`)."""
+        """`writers` threads post events (at least one)."""
         self.api = api
         self.seen: dict[tuple[str, str], str] = {}
         self.max_remembered = max_remembered
-        self.writers = writers
+        self.writers = max(1, writers)
         self.queue: queue.Queue[tuple[str, Obj]] = queue.Queue()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self.written = 0
-        self.failed = 0
 
     def emit(self, obj: Obj, reason: str, message: str, kind: str = "Pod",
              api_version: str = "v1", type_: str = "Normal", dedupe: bool = True) -> None:
@@ -48,7 +46,7 @@ class EventRecorder:
             if len(self.seen) > self.max_remembered:
                 self.seen.clear()
             self.seen[key] = message
-        now = datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        now = convert.now_rfc3339()
         namespace = m.get("namespace") or "default"
         involved = {"kind": kind, "apiVersion": api_version, "name": m.get("name"),
                     "namespace": namespace, "uid": m.get("uid"),
@@ -61,22 +59,14 @@ class EventRecorder:
             "source": {"component": COMPONENT}, "reportingComponent": COMPONENT,
             "reportingInstance": COMPONENT, "firstTimestamp": now, "lastTimestamp": now,
             "count": 1}
-        if self.writers <= 0:
-            self._write(namespace, body)
-            return
         self._start_writers()
         self.queue.put((namespace, body))
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until every queued event is written (or `timeout`); True when drained."""
-        done = threading.Event()
-
-        def wait() -> None:
-            self.queue.join()
-            done.set()
-
-        threading.Thread(target=wait, daemon=True, name="events-flush").start()
-        return done.wait(timeout)
+        with self.queue.all_tasks_done:
+            return self.queue.all_tasks_done.wait_for(
+                lambda: self.queue.unfinished_tasks == 0, timeout)
 
     def _start_writers(self) -> None:
         if self._threads:
@@ -101,10 +91,8 @@ class EventRecorder:
             rawapi.create_event(self.api, namespace, body)
             self.written += 1
         except (ApiException, OSError) as e:  # best effort; never fail a cycle for one
-            self.failed += 1
             log.warning("event %s on %s/%s not written: %s", body["reason"], namespace,
                         body["involvedObject"].get("name"), getattr(e, "status", e))
         except Exception:  # a writer thread must not die
-            self.failed += 1
             log.exception("event %s on %s/%s not written", body["reason"], namespace,
                           body["involvedObject"].get("name"))

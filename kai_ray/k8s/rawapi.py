@@ -4,7 +4,6 @@ itself. Authentication, the connection pool and the client's rate limit stay the
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from kubernetes import client
@@ -15,7 +14,7 @@ MERGE_PATCH = "application/merge-patch+json"
 
 
 def request(api: client.ApiClient, method: str, path: str, body: Any = None,
-            content_type: str = "application/json", want_body: bool = False) -> Obj | None:
+            content_type: str = "application/json") -> None:
     """`method` on `path` (e.g. /api/v1/namespaces/ns/pods/p/binding); raises ApiException on
     a non-2xx answer as the generated client does. The response is always read to its end, so
     the connection goes back to the pool (an unread one is dropped, and the next request pays a
@@ -30,7 +29,6 @@ def request(api: client.ApiClient, method: str, path: str, body: Any = None,
     if not 200 <= resp.status <= 299:
         raise ApiException.from_response(http_resp=resp, body=data.decode("utf-8", "replace"),
                                          data=None)
-    return json.loads(data) if want_body and data else None
 
 
 def bind(api: client.ApiClient, namespace: str, name: str, uid: str | None, node: str) -> None:

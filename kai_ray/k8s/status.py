@@ -22,10 +22,6 @@ log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 
 
-def _now() -> str:
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
 def _fmt_cpu(millis: float) -> str:
     return f"{int(millis)}m"
 
@@ -79,7 +75,7 @@ class StatusWriter:
                 return
         body = {"status": {"conditions": [{
             "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-            "message": message, "lastTransitionTime": _now()}]}}
+            "message": message, "lastTransitionTime": convert.now_rfc3339()}]}}
         m = pod["metadata"]
         try:
             self.core.patch_namespaced_pod_status(m["name"], m["namespace"], body)
@@ -98,7 +94,7 @@ class StatusWriter:
         transition = str(int(current[-1].get("transitionID", "0")) + 1) if current else "0"
         condition = {"type": "UnschedulableOnNodePool", "nodePool": "default",
                      "reason": "Unschedulable", "message": status.message, "status": "True",
-                     "transitionID": transition, "lastTransitionTime": _now(),
+                     "transitionID": transition, "lastTransitionTime": convert.now_rfc3339(),
                      "reasons": [{"reason": status.reason, "message": status.message}]}
         self._patch_pg_status(pg, {"schedulingConditions": [condition]})
 

@@ -71,8 +71,10 @@ def test_bucket_rules() -> None:
 
 class _Counting(BaseHTTPRequestHandler):
     hits: ClassVar[list[tuple[str, str, dict]]] = []
+    gate: ClassVar[threading.Event] = threading.Event()  # answers wait until it is set
 
     def _answer(self) -> None:
+        type(self).gate.wait(30)
         length = int(self.headers.get("Content-Length") or 0)
         body = json.loads(self.rfile.read(length)) if length else {}
         type(self).hits.append((self.command, self.path, body))
@@ -92,6 +94,7 @@ class _Counting(BaseHTTPRequestHandler):
 @pytest.fixture
 def server() -> Iterator[str]:
     _Counting.hits = []
+    _Counting.gate.set()
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Counting)
     t = threading.Thread(target=httpd.serve_forever, daemon=True)
     t.start()
@@ -180,10 +183,17 @@ def test_zero_qps_flag_is_refused(tmp_path: Path) -> None:
 
 def test_events_are_written_off_the_caller_path_every_one_once(server: str) -> None:
     rec = EventRecorder(_client(server, None), writers=3)
-    for i in range(40):
-        pod = {"metadata": {"name": f"p{i}", "namespace": "ns", "uid": f"u{i}"}}
-        rec.emit(pod, "Scheduled", f"Successfully assigned ns/p{i} to n1")
-        rec.emit(pod, "Scheduled", f"Successfully assigned ns/p{i} to n1")  # deduplicated
+    _Counting.gate.clear()  # the API server answers nothing yet
+    try:
+        start = time.monotonic()
+        for i in range(40):
+            pod = {"metadata": {"name": f"p{i}", "namespace": "ns", "uid": f"u{i}"}}
+            rec.emit(pod, "Scheduled", f"Successfully assigned ns/p{i} to n1")
+            rec.emit(pod, "Scheduled", f"Successfully assigned ns/p{i} to n1")  # deduplicated
+        assert time.monotonic() - start < 5  # emit did not wait for the blocked writes
+        assert rec.written == 0 and not rec.flush(0.2)
+    finally:
+        _Counting.gate.set()
     assert rec.flush(10)
     posts = [(p, b) for m, p, b in _Counting.hits if m == "POST"]
     assert len(posts) == 40 and rec.written == 40
