@@ -86,7 +86,7 @@ def compare_queues(sess: Session, lq: QueueState, rq: QueueState,
     return -1 if lq.name < rq.name else (1 if lq.name > rq.name else 0)
 
 
-def _reverse_key(sess: Session, key: tuple[int, int, float, str]
+def victim_key(sess: Session, key: tuple[int, int, float, str]
                  ) -> tuple[int, int, float, int]:
     """The victim order as a plain numeric tuple (heapq is a min-heap; comparing numbers in C
     is much cheaper than a wrapper object with __lt__): every part negated, the job name by its
@@ -127,7 +127,7 @@ class JobQueue(Generic[E]):
             key = item.order_key()
             self.seq += 1
             self.heaps.setdefault(item.queue, []).append(
-                (_reverse_key(sess, key) if reverse else key, self.seq, item))
+                (victim_key(sess, key) if reverse else key, self.seq, item))
         for heap in self.heaps.values():
             heapq.heapify(heap)
 
@@ -143,7 +143,7 @@ class JobQueue(Generic[E]):
 
     def push(self, item: E) -> None:
         key = item.order_key()
-        entry: object = _reverse_key(self.sess, key) if self.reverse else key
+        entry: object = victim_key(self.sess, key) if self.reverse else key
         self.seq += 1
         heapq.heappush(self.heaps.setdefault(item.queue, []), (entry, self.seq, item))
 

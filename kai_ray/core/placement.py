@@ -253,11 +253,18 @@ def choose_devices(sess: Session, task: Task, node: int) -> tuple[tuple[str, ...
     return tuple(groups), tuple(new), on_idle
 
 
+# at most this many candidate nodes are checked one by one rather than as arrays
+_FEW = 48
+
+
 def choose(sess: Session, task: Task, explain: bool = True
            ) -> tuple[Choice | None, dict[str, int]]:
     """Best node for `task`, or None with the failed-predicate histogram (empty unless
     `explain`: simulations do not need it). A virtually evicted victim is placed like any task;
     if that lands it where it was, the session un-evicts it."""
+    few = _few_candidates(sess, task)
+    if few is not None:
+        return _choose_among(sess, task, few, explain)
     fits, fits_idle, _ = feasible(sess, task)
     if not fits.any():
         return None, feasible(sess, task, explain=True)[2] if explain else {}
@@ -265,12 +272,67 @@ def choose(sess: Session, task: Task, explain: bool = True
         picked = packing_policy.choose(sess, task, fits_idle)
         if picked is not None:
             return Choice(picked[0], picked[1], picked[2], True), {}
-    if fits.sum() == 1:
+    if np.count_nonzero(fits) == 1:
         node = int(np.flatnonzero(fits)[0])
     else:
         score = scores(sess, task, fits, fits_idle)
         node = int(np.argmax(np.where(fits, score, -np.inf)))
     return place_on(sess, task, node, bool(fits_idle[node])), {}
+
+
+def _few_candidates(sess: Session, task: Task) -> list[int] | None:
+    """The nodes with GPU room for `task` (a superset of those it fits on), when they are few:
+    on a busy cluster most nodes are ruled out by the session's GPU room index alone."""
+    req = task.req
+    if sess.config.gpu_packing != "kai":
+        return None
+    if req.gpus:
+        cand = np.flatnonzero(sess.gpu_free_at >= req.gpus)
+    elif req.gpu_fraction_milli:
+        cand = np.flatnonzero((sess.dev_room_at >= req.gpu_fraction_milli)
+                              | (sess.gpu_free_at >= 1))
+    else:
+        return None  # CPU-only or gpu-memory (its cost depends on the node): the array path
+    return cand.tolist() if len(cand) <= _FEW else None
+
+
+def _choose_among(sess: Session, task: Task, nodes: list[int], explain: bool
+                  ) -> tuple[Choice | None, dict[str, int]]:
+    """`choose` over a few candidate nodes, node by node: the same predicates (`fits_node`)
+    and the same scores as the array path, in the same float arithmetic, ties to the first."""
+    fitting = []
+    for node in nodes:
+        fits, idle = fits_node(sess, task, node)
+        if fits:
+            fitting.append((node, idle))
+    if not fitting:
+        return None, feasible(sess, task, explain=True)[2] if explain else {}
+    if len(fitting) == 1:
+        node, idle = fitting[0]
+        return place_on(sess, task, node, idle), {}
+    spread = sess.config.placement.gpu == "spread"
+    lo = hi = 0
+    if not spread and sess.free_counts:
+        lo, hi = min(sess.free_counts), max(sess.free_counts)
+    bonus = not spread and not task.req.gpus
+    best: tuple[float, int, bool] | None = None
+    for node, idle in fitting:
+        free, total = float(sess.gpu_free_at[node]), float(sess.cap_gpu[node])
+        if total <= 0:
+            base = 0.0
+        elif spread:
+            base = free / total
+        elif hi == lo:
+            base = 9.0
+        else:
+            base = 9.0 * (1.0 - (free - lo) / (hi - lo))
+        score = base + (100.0 if idle else 0.0)
+        if bonus:
+            score += 1000.0 * (1.0 if sharing_bonus_on(sess, task, node) else 0.0)
+        if best is None or score > best[0]:
+            best = (score, node, idle)
+    assert best is not None
+    return place_on(sess, task, best[1], best[2]), {}
 
 
 def place_on(sess: Session, task: Task, node: int, on_idle: bool) -> Choice:

@@ -347,6 +347,7 @@ class Session:
         self.dev_rel = np.zeros((count, width), dtype=np.int64)
         self.dev_on = np.zeros((count, width), dtype=bool)
         self.group_seq = 0
+        self.indexed = False  # the GPU room index exists (built after the snapshot's usage)
         self.undo: list[tuple[object, ...]] = []
         self.job_errors: dict[str, JobError] = {}
         # the last placement and the undo length right after it (binpack fast path, common.py)
@@ -428,6 +429,7 @@ class Session:
                 self._place_resources(task, task.node, task.groups, existing=True)
                 if task.status == PodStatus.RELEASING:
                     self._mark_releasing(task, +1)
+        self._index_gpu_room()
         self.total = [float(self.cap_cpu[self.schedulable].sum()),
                       float(self.cap_mem[self.schedulable].sum()),
                       float(self.cap_gpu[self.schedulable].sum())]
@@ -485,6 +487,39 @@ class Session:
         return (float(req.cpu_m), float(req.memory), gpu)
 
     # ------------------------------------------------------------------ node bookkeeping
+    def _index_gpu_room(self) -> None:
+        """Per node, kept up to date by `_refresh_gpu` so that placement can find the few
+        nodes a GPU task could fit on without a pass over every node: whole GPUs free (idle
+        or releasing; -1 on a node that is not schedulable), the most room a live shared
+        device has (-1: none), and how many schedulable GPU nodes have each free amount
+        (binpack scores normalise over them)."""
+        gpu_nodes = self.schedulable & (self.cap_gpu > 0)
+        self.gpu_free_at = np.where(self.schedulable, self.free_gpu(), -1)
+        live = self.dev_on & (self.dev_rel < self.dev_used)
+        room = np.where(live, MILLI - self.dev_used + self.dev_rel, -1)
+        self.dev_room_at = np.where(self.schedulable, room.max(axis=1), -1)
+        self.free_counts: dict[int, int] = {}
+        for value in self.gpu_free_at[gpu_nodes].tolist():
+            self.free_counts[value] = self.free_counts.get(value, 0) + 1
+        self._counted = gpu_nodes
+        self.indexed = True
+
+    def _reindex_gpu_room(self, node: int) -> None:
+        if not self.schedulable[node]:
+            return
+        free = int(self.cap_gpu[node] - self.used_gpu[node] + self.rel_gpu[node])
+        old = int(self.gpu_free_at[node])
+        if free != old and self._counted[node]:
+            counts = self.free_counts
+            counts[old] -= 1
+            if not counts[old]:
+                del counts[old]
+            counts[free] = counts.get(free, 0) + 1
+        self.gpu_free_at[node] = free
+        self.dev_room_at[node] = max(
+            (MILLI - g.used + g.releasing for g in self.groups[node].values()
+             if g.releasing < g.used), default=-1)
+
     def _refresh_gpu(self, node: int) -> None:
         """Recount the node's GPUs and mirror its shared devices into the device arrays."""
         groups = self.groups[node]
@@ -493,6 +528,8 @@ class Session:
             self.rel_gpu[node] = self.whole_rel[node]
             if self.dev_on[node].any():
                 self.dev_on[node] = False
+            if self.indexed:
+                self._reindex_gpu_room(node)
             return
         self.rel_gpu[node] = self.whole_rel[node] + sum(
             1 for g in groups.values() if g.used > 0 and g.used == g.releasing)
@@ -505,6 +542,8 @@ class Session:
             self.dev_on[node, slot] = True
             self.dev_used[node, slot] = g.used
             self.dev_rel[node, slot] = g.releasing
+        if self.indexed:
+            self._reindex_gpu_room(node)
 
     def _grow_devices(self, width: int) -> None:
         pad = width - self.dev_used.shape[1]

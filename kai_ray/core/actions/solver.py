@@ -11,7 +11,8 @@ moved, one not placed stays evicted. An action-specific validator accepts or rej
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterable
+from bisect import bisect_left
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from typing import TypeVar
@@ -20,7 +21,7 @@ import numpy as np
 
 from kai_ray.core.actions.common import place_tasks
 from kai_ray.core.model import PodStatus
-from kai_ray.core.ordering import JobQueue
+from kai_ray.core.ordering import JobQueue, victim_key
 from kai_ray.core.state import MILLI, EvictInfo, JobState, Session, Task
 
 _K = TypeVar("_K")
@@ -287,6 +288,10 @@ class _GpuRoom:
             elif room < room_before and key in self.top_rooms:
                 self.top_rooms = None
 
+    def add_victims(self, tasks: list[Task]) -> None:
+        for t in tasks:
+            self.add_victim(t)
+
     def enough(self) -> bool:
         if self.trivial:
             return True
@@ -489,6 +494,161 @@ class _ScopeVictims:
                 self.queue.push(unit)
 
 
+class _VictimStream:
+    """A one-queue scope's victim order against one session state, popped once and read by
+    every prefix of every job tried against that state (a job that fails leaves the state as it
+    was). In one queue the order is that of the units' keys alone, so a prefix with recorded
+    victims reads the same order with their jobs' entries replaced (see `read`).
+
+    Per entry it also sums, from the start, upper bounds on the whole GPUs and the milli of GPU
+    the victims free: a prefix reads every entry before the first where those sums could meet
+    its needs as one quiet batch, without testing or simulating anything."""
+
+    def __init__(self, sess: Session, queue: JobQueue[VictimUnit],
+                 units: dict[str, VictimUnit]) -> None:
+        self.sess = sess
+        self.source = queue.clone()
+        self.units = units  # each job's unit in the queue as it was cloned
+        self.keys: list[tuple[int, int, float, int]] = []
+        self.jobs: list[JobState] = []
+        self.taken: list[list[Task]] = []
+        self.whole: list[int] = []  # whole GPUs freed by entries 0..i (devices freed entirely)
+        self.milli: list[int] = []  # an upper bound on the milli of GPU they free
+        self._device_freed: dict[tuple[int, str], int] = {}
+        self.done = False
+
+    def _more(self) -> bool:
+        if self.done:
+            return False
+        unit = self.source.pop()
+        if unit is None:
+            self.done = True
+            return False
+        taken, rest = unit.take()
+        if rest is not None:
+            self.source.push(rest)
+        whole, milli = self._frees(taken, self._device_freed)
+        self.keys.append(victim_key(self.sess, unit.order_key()))
+        self.jobs.append(unit.job)
+        self.taken.append(taken)
+        self.whole.append((self.whole[-1] if self.whole else 0) + whole)
+        self.milli.append((self.milli[-1] if self.milli else 0) + milli)
+        return True
+
+    def _frees(self, tasks: list[Task], device_freed: dict[tuple[int, str], int]
+               ) -> tuple[int, int]:
+        """Whole GPUs `tasks` free after the ones counted in `device_freed` (which they join),
+        and at most how many milli of GPU: never more than they hold."""
+        sess = self.sess
+        whole = milli = 0
+        for t in tasks:
+            if t.node < 0 or not sess.schedulable[t.node]:
+                continue
+            if t.req.gpus:
+                whole += t.req.gpus
+                milli += MILLI * t.req.gpus
+                continue
+            for gid in t.groups:
+                milli += t.gpu_mem_cost
+                key = (t.node, gid)
+                freed = device_freed[key] = device_freed.get(key, 0) + t.gpu_mem_cost
+                group = sess.groups[t.node].get(gid)
+                if group is not None and freed - t.gpu_mem_cost + group.releasing < group.used \
+                        <= freed + group.releasing:
+                    whole += 1
+        return whole, milli
+
+    def _first_reaching(self, sums: list[int], target: int) -> int:
+        """The first entry whose running sum reaches `target` (popping as far as needed), or
+        the number of entries when none does."""
+        while not self.done and (not sums or sums[-1] < target):
+            self._more()
+        return bisect_left(sums, target)
+
+    def read(self, recorded: list[Task], exhausted: set[str], room: _GpuRoom
+             ) -> Iterator[tuple[list[Task], bool]]:
+        """What `Solver._popped` would yield for `recorded`, without popping again: the
+        entries of jobs with a recorded victim are left out and those jobs' units are taken
+        anew on the side (as `_popped` does), merged in by key. The first item is the batch
+        of victims that cannot make room for `room`'s prefix (quiet), then one entry at a
+        time."""
+        recorded_set = {id(t) for t in recorded}
+        side: list[tuple[tuple[int, int, float, int], int, VictimUnit]] = []
+        slack_whole = slack_milli = 0  # what the side units and recorded shares could add
+        side_jobs = {id(t.job): t.job for t in recorded}
+        for job in side_jobs.values():
+            unit = self.units.get(job.name)
+            if unit is None:
+                continue
+            side.append((victim_key(self.sess, unit.order_key()), len(side), unit))
+            others = [t for t in unit.tasks if id(t) not in recorded_set]
+            whole, milli = self._frees(others, {})
+            slack_whole += whole + sum(len(t.groups) for t in others if not t.req.gpus)
+            slack_milli += milli
+        slack_whole += sum(len(t.groups) for t in recorded if not t.req.gpus)
+        heapq.heapify(side)
+        quiet_until = self._quiet_until(room, slack_whole, slack_milli)
+        seq = len(side)
+        batch: list[Task] = []
+        i = 0
+        while True:
+            more = i < len(self.keys) or self._more()
+            base_key = self.keys[i] if more else None
+            quiet = i < quiet_until
+            if side and (base_key is None or side[0][0] < base_key):
+                unit = heapq.heappop(side)[2]
+                if self._exhausted(exhausted, unit.job):
+                    continue
+                taken, rest = unit.take()
+                if any(id(t) in recorded_set for t in taken):
+                    remaining = [t for t in unit.tasks if id(t) not in recorded_set]
+                    if not remaining:
+                        continue
+                    rest = VictimUnit(unit.job, remaining)
+                    taken = []
+                if rest is not None:
+                    seq += 1
+                    heapq.heappush(side, (victim_key(self.sess, rest.order_key()), seq, rest))
+            elif base_key is None:
+                break
+            else:
+                job = self.jobs[i]
+                taken = self.taken[i]
+                i += 1
+                if id(job) in side_jobs or self._exhausted(exhausted, job):
+                    continue
+            if not taken:
+                continue
+            if quiet:
+                batch.extend(taken)
+                continue
+            if batch:
+                yield batch, True
+                batch = []
+            yield taken, False
+        if batch:
+            yield batch, True
+
+    def _exhausted(self, exhausted: set[str], job: JobState) -> bool:
+        return bool(exhausted) and any(q.name in exhausted
+                                       for q in self.sess.queue_path(job.queue))
+
+    def _quiet_until(self, room: _GpuRoom, slack_whole: int, slack_milli: int) -> int:
+        """Entries before this one cannot give `room`'s prefix enough GPUs, even with every
+        side unit and recorded share counted in full."""
+        if room.trivial:
+            return 0
+        need_whole = sum(room.whole_needed)
+        until = 0
+        if need_whole:
+            until = self._first_reaching(self.whole, need_whole - room.total_whole - slack_whole)
+        if room.fractions_needed:
+            need = MILLI * need_whole + sum(room.fractions_needed)
+            have = MILLI * room.total_whole + room.total_room + slack_milli
+            until = max(until, self._first_reaching(self.milli, need - have))
+        return until
+
+
 class VictimCache:
     """Victim candidates and free GPUs for one action run. A job that fails rolls the session
     back; one that succeeds changes only the jobs its decisions touched (found in the undo log),
@@ -501,6 +661,20 @@ class VictimCache:
         self.scopes: dict[object, _ScopeVictims] = {}
         self.member_of: dict[str, list[_ScopeVictims]] = {}
         self.all_freed: dict[object, _FreeGpus] = {}
+        self.streams: dict[object, _VictimStream | None] = {}
+
+    def stream(self, sess: Session, scope: object) -> _VictimStream | None:
+        """The scope's victim stream for the current state (`get` must have been called for
+        this state), or None when the scope's victims sit in several queues (there the order
+        also depends on what each queue already gave)."""
+        if scope is None or scope not in self.scopes:
+            return None
+        if scope not in self.streams:
+            victims = self.scopes[scope]
+            queues = [q for q, heap in victims.queue.heaps.items() if heap]
+            self.streams[scope] = (_VictimStream(sess, victims.queue, victims.units)
+                                   if len(queues) <= 1 else None)
+        return self.streams[scope]
 
     def get(self, sess: Session, scope: object, candidates: Callable[[], list[JobState]]
             ) -> tuple[_FreeGpus, _FreeGpus, JobQueue[VictimUnit]]:
@@ -519,6 +693,7 @@ class VictimCache:
             self.version = len(sess.undo)
             self.free = _FreeGpus(sess)
             self.all_freed = {}
+            self.streams = {}
         if scope is None:
             units = victim_units(candidates())
             all_freed = self.free.with_victims(sess, [t for u in units for t in u.tasks])
@@ -588,11 +763,37 @@ class Solver:
             result = self._try(job, prefix, recorded)
             if result is not None:
                 return result
-        recorded_set = {id(t) for t in recorded}
         if not _GpuRoom(self.sess, self._all_freed, prefix).enough():
             return None  # not even every candidate victim together would make room
-        queue = self._victim_queue.clone()
+        stream = self.cache.stream(self.sess, self.scope)
+        victims = (stream.read(recorded, self.exhausted, room) if stream is not None
+                   else self._popped(recorded))
         potential: dict[int, list[Task]] = {}  # by node, in the order they were taken
+        for taken, quiet in victims:
+            for t in taken:
+                potential.setdefault(t.node, []).append(t)
+            if quiet:
+                room.add_victims(taken)
+                continue  # these victims cannot make room yet: nothing to simulate
+            for t in taken:
+                room.add_victim(t)
+            if not room.enough():
+                continue  # even every victim so far would not free enough GPUs: skip simulating
+            for node in sorted({t.node for t in taken}):
+                scenario = recorded + potential[node]
+                if not room.enough_with(scenario):
+                    continue
+                result = self._try(job, prefix, scenario)
+                if result is not None:
+                    return result
+        return None
+
+    def _popped(self, recorded: list[Task]) -> Iterator[tuple[list[Task], bool]]:
+        """The victims in victim order, popped from a copy of the scope's queue: what each
+        next unit gives up (never a recorded victim again; what is left of its job goes
+        back), skipping queues a validator exhausted."""
+        recorded_set = {id(t) for t in recorded}
+        queue = self._victim_queue.clone()
         while (unit := queue.pop()) is not None:
             if self.exhausted and any(q.name in self.exhausted
                                       for q in self.sess.queue_path(unit.queue)):
@@ -605,19 +806,7 @@ class Solver:
                 continue
             if rest is not None:
                 queue.push(rest)
-            for t in taken:
-                potential.setdefault(t.node, []).append(t)
-                room.add_victim(t)
-            if not room.enough():
-                continue  # even every victim so far would not free enough GPUs: skip simulating
-            for node in sorted({t.node for t in taken}):
-                scenario = recorded + potential[node]
-                if not room.enough_with(scenario):
-                    continue
-                result = self._try(job, prefix, scenario)
-                if result is not None:
-                    return result
-        return None
+            yield taken, False
 
     def _try(self, job: JobState, prefix: list[Task], victims: list[Task]) -> list[Task] | None:
         """Simulate one scenario. On success the state stays applied and the victims that

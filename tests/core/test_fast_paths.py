@@ -1,0 +1,95 @@
+"""The core's shortcuts must not change a single decision: choosing among the few nodes the GPU
+room index leaves (placement._choose_among) against scoring every node as arrays, and reading
+a one-queue scope's victim stream (solver._VictimStream) against popping the victim queue anew
+for every prefix. Each cycle is run both ways and compared in full."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kai_ray.core import placement
+from kai_ray.core.actions import solver
+from kai_ray.core.model import SchedulerConfig, Snapshot
+from kai_ray.core.result import CycleResult
+from kai_ray.core.schedule import schedule
+from kai_ray.sim.runner import advance
+from kai_ray.sim.synthetic import cluster
+
+
+def _decisions(result: CycleResult) -> tuple[object, ...]:
+    return (result.binds, result.pipelined, result.evictions, result.job_status, result.pods,
+            result.queues)
+
+
+def _both_ways(snapshot: Snapshot, config: SchedulerConfig, now: float
+               ) -> tuple[CycleResult, CycleResult]:
+    fast = schedule(snapshot, config, now)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(placement, "_FEW", -1)  # every node choice on the array path
+        patch.setattr(solver.VictimCache, "stream", lambda self, sess, scope: None)
+        plain = schedule(snapshot, config, now)
+    return fast, plain
+
+
+def _config(spread: bool) -> SchedulerConfig:
+    strategy = "spread" if spread else "binpack"
+    return SchedulerConfig(placement=dataclasses.replace(SchedulerConfig().placement,
+                                                         gpu=strategy, cpu=strategy))
+
+
+def _gangs_of_running(snapshot: Snapshot, seed: int) -> Snapshot:
+    """The running single pods of a synthetic cluster joined into elastic gangs of 1-4 (pods of
+    one gang may sit on different nodes and share devices with other gangs), so victims are
+    taken a pod at a time and recorded victims leave part of their job behind."""
+    rng = random.Random(seed)
+    running = [j for j in snapshot.jobs if j.name.startswith("pg-run-")]
+    jobs = [j for j in snapshot.jobs if not j.name.startswith("pg-run-")]
+    while running:
+        size = rng.randint(1, 4)
+        chunk, running = running[:size], running[size:]
+        pods = tuple(p for j in chunk for p in j.pods)
+        jobs.append(dataclasses.replace(chunk[0], pods=pods,
+                                        min_member=rng.randint(1, len(pods))))
+    return dataclasses.replace(snapshot, jobs=tuple(jobs))
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(nodes=st.integers(2, 40), seed=st.integers(0, 10**6), pending=st.integers(1, 12),
+       queues=st.integers(1, 4), spread=st.booleans(), gangs=st.booleans())
+def test_same_decisions_on_busy_clusters(nodes, seed, pending, queues, spread, gangs):
+    snapshot = cluster(nodes, seed=seed, pending_per_node=pending, queues=queues)
+    if gangs:
+        snapshot = _gangs_of_running(snapshot, seed)
+    config = _config(spread)
+    fast, plain = _both_ways(snapshot, config, 0.0)
+    assert _decisions(fast) == _decisions(plain)
+    # the next cycle starts from those decisions carried out: pipelined and releasing pods
+    later = advance(snapshot, fast)
+    fast, plain = _both_ways(later, config, 1.0)
+    assert _decisions(fast) == _decisions(plain)
+
+
+def test_the_shortcuts_are_taken():
+    """The comparison above means something only if both shortcuts run on such clusters."""
+    calls = {"few": 0, "stream": 0}
+    choose_among, read = placement._choose_among, solver._VictimStream.read
+
+    def counting_choose(*args, **kwargs):
+        calls["few"] += 1
+        return choose_among(*args, **kwargs)
+
+    def counting_read(*args, **kwargs):
+        calls["stream"] += 1
+        return read(*args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(placement, "_choose_among", counting_choose)
+        patch.setattr(solver._VictimStream, "read", counting_read)
+        result = schedule(cluster(30, seed=1), _config(False), 0.0)
+    assert result.evictions
+    assert calls["few"] > 100 and calls["stream"] > 10
