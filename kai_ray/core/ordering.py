@@ -122,6 +122,8 @@ class JobQueue(Generic[E]):
         self.untaken: list[E] = []
         self.reachable: dict[str, bool] = {}  # the queue tree is fixed within a session
         self.heaps: dict[str, list[tuple[object, int, E]]] = {}
+        # ids of discarded items still in a heap: dropped when they reach its top
+        self.dead: set[int] = set()
         self.seq = 0
         for item in items:
             key = item.order_key()
@@ -139,7 +141,29 @@ class JobQueue(Generic[E]):
         other.taken = dict(self.taken)
         other.untaken = list(self.untaken)
         other.reachable = self.reachable
+        other.dead = set(self.dead)
         return other
+
+    def discard(self, items: Iterable[E]) -> None:
+        """Take `items` out without a pass over the heaps (they go when they reach the top;
+        the heaps are compacted once they are half dead)."""
+        self.dead.update(id(item) for item in items)
+        if 2 * len(self.dead) > sum(len(heap) for heap in self.heaps.values()):
+            for heap in self.heaps.values():
+                heap[:] = [entry for entry in heap if id(entry[2]) not in self.dead]
+                heapq.heapify(heap)
+            self.dead = set()
+
+    def live_queues(self) -> list[str]:
+        """The queues that still hold an item."""
+        self._drop_dead_tops()
+        return [name for name, heap in self.heaps.items() if heap]
+
+    def _drop_dead_tops(self) -> None:
+        # an id leaves `dead` with its item: once the item is gone, a new one may reuse it
+        for heap in self.heaps.values():
+            while heap and id(heap[0][2]) in self.dead:
+                self.dead.discard(id(heapq.heappop(heap)[2]))
 
     def push(self, item: E) -> None:
         key = item.order_key()
@@ -148,7 +172,7 @@ class JobQueue(Generic[E]):
         heapq.heappush(self.heaps.setdefault(item.queue, []), (entry, self.seq, item))
 
     def __bool__(self) -> bool:
-        return any(self.heaps.values())
+        return bool(self.live_queues())
 
     def _request(self, item: E) -> tuple[float, float, float]:
         # victims are compared on what their queue holds, not on what they still want
@@ -189,7 +213,8 @@ class JobQueue(Generic[E]):
         return best
 
     def pop(self) -> E | None:
-        nonempty = [name for name, heap in self.heaps.items() if heap]
+        nonempty = self.live_queues() if self.dead else [
+            name for name, heap in self.heaps.items() if heap]
         if not nonempty:
             return None
         if len(nonempty) == 1:

@@ -289,8 +289,27 @@ class _GpuRoom:
                 self.top_rooms = None
 
     def add_victims(self, tasks: list[Task]) -> None:
+        """`add_victim` for each of `tasks`; with whole requests only, the totals and the top
+        are updated once per node (values only grow, so the final one is what counts)."""
+        if self.fractions_needed:
+            for t in tasks:
+                self.add_victim(t)
+            return
+        if self.trivial:
+            return
+        base = self.base.whole
+        before: dict[int, int] = {}
         for t in tasks:
-            self.add_victim(t)
+            if t.node not in before:
+                before[t.node] = self.whole.get(t.node, base.get(t.node, 0))
+            self.free_into(t, self.whole, self.devices, self.freed)
+        k = len(self.whole_needed)
+        for node, old in before.items():
+            new = self.whole.get(node, base.get(node, 0))
+            if new > old:
+                self.total_whole += new - old
+                self.max_whole = max(self.max_whole, new)
+                _raise_in_top(self.top_whole, node, new, k)
 
     def enough(self) -> bool:
         if self.trivial:
@@ -478,20 +497,65 @@ class _ScopeVictims:
         return unit
 
     def update(self, jobs: list[JobState]) -> None:
-        names = {job.name for job in jobs}
-        for name in names:
+        gone = []
+        for name in {job.name for job in jobs}:
             old = self.units.pop(name, None)
             if old is not None:
+                gone.append(old)
                 for t in old.tasks:
                     self.freed.add(t, -1)
-        for heap in self.queue.heaps.values():
-            if any(entry[2].job.name in names for entry in heap):
-                heap[:] = [entry for entry in heap if entry[2].job.name not in names]
-                heapq.heapify(heap)
+        self.queue.discard(gone)
         for job in jobs:
             unit = self._add(job)
             if unit is not None:
                 self.queue.push(unit)
+
+
+class _Holds:
+    """After each stream entry: how many requests of `size` whole GPUs the nodes' free whole
+    GPUs could hold (the sum over nodes of free // size)."""
+
+    def __init__(self, size: int, free: _FreeGpus) -> None:
+        self.size = size
+        self.base = free.whole
+        self.node_free: dict[int, int] = {}
+        self.now = sum(v // size for v in self.base.values())
+        self.values: list[int] = []
+
+    def step(self, sess: Session, gains: dict[int, int],
+             events: list[tuple[tuple[int, str], int]]) -> None:
+        for node, gain in gains.items():
+            old = self.node_free.get(node, self.base.get(node, 0))
+            self.node_free[node] = old + gain
+            self.now += (old + gain) // self.size - old // self.size
+        self.values.append(self.now)
+
+
+class _Fits:
+    """After each stream entry: how many fractions of `size` milli the places could hold (the
+    sum over live shared devices of room // size, plus MILLI // size per free whole GPU)."""
+
+    def __init__(self, size: int, free: _FreeGpus) -> None:
+        self.size = size
+        self.per_whole = MILLI // size
+        self.device_freed: dict[tuple[int, str], int] = {}
+        self.now = (sum(room // size for room in free.devices.values())
+                    + self.per_whole * free.whole_totals()[0])
+        self.values: list[int] = []
+
+    def step(self, sess: Session, gains: dict[int, int],
+             events: list[tuple[tuple[int, str], int]]) -> None:
+        self.now += self.per_whole * sum(gains.values())
+        for key, cost in events:
+            group = sess.groups[key[0]].get(key[1])
+            if group is None:
+                continue
+            before = self.device_freed.get(key, 0)
+            self.device_freed[key] = before + cost
+            old = MILLI - group.used + group.releasing + before
+            new = 0 if before + cost + group.releasing >= group.used else old + cost
+            self.now += new // self.size - old // self.size
+        self.values.append(self.now)
 
 
 class _VictimStream:
@@ -500,20 +564,28 @@ class _VictimStream:
     was). In one queue the order is that of the units' keys alone, so a prefix with recorded
     victims reads the same order with their jobs' entries replaced (see `read`).
 
-    Per entry it also sums, from the start, upper bounds on the whole GPUs and the milli of GPU
-    the victims free: a prefix reads every entry before the first where those sums could meet
-    its needs as one quiet batch, without testing or simulating anything."""
+    Per entry it also tallies, from the start, what the victims so far free (whole GPUs in
+    total, requests of each size the nodes could hold, milli of GPU): a prefix reads every entry
+    before the first where those tallies could meet its needs as one quiet batch, without
+    testing or simulating anything."""
 
     def __init__(self, sess: Session, queue: JobQueue[VictimUnit],
-                 units: dict[str, VictimUnit]) -> None:
+                 units: dict[str, VictimUnit], free: _FreeGpus) -> None:
         self.sess = sess
         self.source = queue.clone()
+        self.one_queue = len(self.source.live_queues()) <= 1
         self.units = units  # each job's unit in the queue as it was cloned
+        self.free = free  # free GPUs before any victim goes
         self.keys: list[tuple[int, int, float, int]] = []
         self.jobs: list[JobState] = []
         self.taken: list[list[Task]] = []
-        self.whole: list[int] = []  # whole GPUs freed by entries 0..i (devices freed entirely)
-        self.milli: list[int] = []  # an upper bound on the milli of GPU they free
+        # per entry: whole GPUs it frees per node (a device whose sharers are all gone counts)
+        # and the milli it frees on each shared device
+        self.gains: list[dict[int, int]] = []
+        self.events: list[list[tuple[tuple[int, str], int]]] = []
+        self.whole: list[int] = []  # whole GPUs freed by entries 0..i
+        self.milli: list[int] = []  # at most this many milli of GPU freed by entries 0..i
+        self.tallies: dict[tuple[str, int], _Holds | _Fits] = {}
         self._device_freed: dict[tuple[int, str], int] = {}
         self.done = False
 
@@ -527,36 +599,52 @@ class _VictimStream:
         taken, rest = unit.take()
         if rest is not None:
             self.source.push(rest)
-        whole, milli = self._frees(taken, self._device_freed)
+        gains, events = self._frees(taken, self._device_freed)
         self.keys.append(victim_key(self.sess, unit.order_key()))
         self.jobs.append(unit.job)
         self.taken.append(taken)
-        self.whole.append((self.whole[-1] if self.whole else 0) + whole)
-        self.milli.append((self.milli[-1] if self.milli else 0) + milli)
+        self.gains.append(gains)
+        self.events.append(events)
+        self.whole.append((self.whole[-1] if self.whole else 0) + sum(gains.values()))
+        self.milli.append((self.milli[-1] if self.milli else 0) + MILLI * sum(
+            t.req.gpus for t in taken if t.node >= 0 and self.sess.schedulable[t.node])
+            + sum(cost for _, cost in events))
+        for tally in self.tallies.values():
+            tally.step(self.sess, gains, events)
         return True
 
+    def _tally(self, kind: str, size: int) -> list[int]:
+        """The running values of one tally, started on first use by replaying the entries."""
+        tally = self.tallies.get((kind, size))
+        if tally is None:
+            tally = _Holds(size, self.free) if kind == "holds" else _Fits(size, self.free)
+            for gains, events in zip(self.gains, self.events, strict=True):
+                tally.step(self.sess, gains, events)
+            self.tallies[(kind, size)] = tally
+        return tally.values
+
     def _frees(self, tasks: list[Task], device_freed: dict[tuple[int, str], int]
-               ) -> tuple[int, int]:
-        """Whole GPUs `tasks` free after the ones counted in `device_freed` (which they join),
-        and at most how many milli of GPU: never more than they hold."""
+               ) -> tuple[dict[int, int], list[tuple[tuple[int, str], int]]]:
+        """Whole GPUs `tasks` free per node after the ones counted in `device_freed` (which
+        they join), and the milli they free on each shared device."""
         sess = self.sess
-        whole = milli = 0
+        gains: dict[int, int] = {}
+        events: list[tuple[tuple[int, str], int]] = []
         for t in tasks:
             if t.node < 0 or not sess.schedulable[t.node]:
                 continue
             if t.req.gpus:
-                whole += t.req.gpus
-                milli += MILLI * t.req.gpus
+                gains[t.node] = gains.get(t.node, 0) + t.req.gpus
                 continue
             for gid in t.groups:
-                milli += t.gpu_mem_cost
                 key = (t.node, gid)
+                events.append((key, t.gpu_mem_cost))
                 freed = device_freed[key] = device_freed.get(key, 0) + t.gpu_mem_cost
                 group = sess.groups[t.node].get(gid)
                 if group is not None and freed - t.gpu_mem_cost + group.releasing < group.used \
                         <= freed + group.releasing:
-                    whole += 1
-        return whole, milli
+                    gains[t.node] = gains.get(t.node, 0) + 1
+        return gains, events
 
     def _first_reaching(self, sums: list[int], target: int) -> int:
         """The first entry whose running sum reaches `target` (popping as far as needed), or
@@ -564,6 +652,21 @@ class _VictimStream:
         while not self.done and (not sums or sums[-1] < target):
             self._more()
         return bisect_left(sums, target)
+
+    def covers(self, recorded: list[Task]) -> bool:
+        """Whether `read` gives what `Solver._popped` would for `recorded`. With several
+        queues the order also depends on what each queue already gave, so only when every
+        job with a recorded victim is one unit, taken whole and recorded whole: then popping
+        skips it exactly where the stream has it, and the rest is the same."""
+        if self.one_queue or not recorded:
+            return True
+        ids = {id(t) for t in recorded}
+        for job in {id(t.job): t.job for t in recorded}.values():
+            unit = self.units.get(job.name)
+            if unit is not None and (unit.take()[1] is not None
+                                     or any(id(t) not in ids for t in unit.tasks)):
+                return False
+        return True
 
     def read(self, recorded: list[Task], exhausted: set[str], room: _GpuRoom
              ) -> Iterator[tuple[list[Task], bool]]:
@@ -574,20 +677,18 @@ class _VictimStream:
         time."""
         recorded_set = {id(t) for t in recorded}
         side: list[tuple[tuple[int, int, float, int], int, VictimUnit]] = []
-        slack_whole = slack_milli = 0  # what the side units and recorded shares could add
         side_jobs = {id(t.job): t.job for t in recorded}
+        # what the stream's tallies do not count: the recorded victims and what the side
+        # units may take (tallies counted high from these, per request size)
+        others: list[Task] = []
         for job in side_jobs.values():
             unit = self.units.get(job.name)
             if unit is None:
                 continue
             side.append((victim_key(self.sess, unit.order_key()), len(side), unit))
-            others = [t for t in unit.tasks if id(t) not in recorded_set]
-            whole, milli = self._frees(others, {})
-            slack_whole += whole + sum(len(t.groups) for t in others if not t.req.gpus)
-            slack_milli += milli
-        slack_whole += sum(len(t.groups) for t in recorded if not t.req.gpus)
+            others.extend(t for t in unit.tasks if id(t) not in recorded_set)
         heapq.heapify(side)
-        quiet_until = self._quiet_until(room, slack_whole, slack_milli)
+        quiet_until = self._quiet_until(room, recorded, others)
         seq = len(side)
         batch: list[Task] = []
         i = 0
@@ -633,19 +734,52 @@ class _VictimStream:
         return bool(exhausted) and any(q.name in exhausted
                                        for q in self.sess.queue_path(job.queue))
 
-    def _quiet_until(self, room: _GpuRoom, slack_whole: int, slack_milli: int) -> int:
-        """Entries before this one cannot give `room`'s prefix enough GPUs, even with every
-        side unit and recorded share counted in full."""
+    def _quiet_until(self, room: _GpuRoom, recorded: list[Task], others: list[Task]) -> int:
+        """Entries before this one cannot give `room`'s prefix enough GPUs, even with the
+        victims the stream's tallies leave out (`recorded`, already in `room`, and the
+        `others` the side units may take) counted high. Each bound is one `room.enough`
+        implies: enough whole GPUs in total; for every size g of whole request, nodes that
+        hold the requests of g or more (victims worth s GPUs on a node let it hold at most
+        ceil(s / g) more); enough milli of GPU; for every size c of fraction, places that hold
+        the fractions of c or more next to the whole requests."""
         if room.trivial:
             return 0
+        sess = self.sess
         need_whole = sum(room.whole_needed)
+        extra = [t for t in (*recorded, *others) if t.node >= 0 and sess.schedulable[t.node]]
+        # whole GPUs beyond the tallies', per node: what the recorded victims free (exactly,
+        # from `room`), one per device they leave partly freed (a victim in the stream may
+        # finish it), and all the side units could take
+        on_node = {n: v - self.free.whole.get(n, 0) for n, v in room.whole.items()}
+        for (node, gid), amount in room.freed.items():
+            group = sess.groups[node].get(gid)
+            if group is not None and amount + group.releasing < group.used:
+                on_node[node] = on_node.get(node, 0) + 1
+        for t in others:
+            if t.node >= 0 and sess.schedulable[t.node]:
+                on_node[t.node] = on_node.get(t.node, 0) + (t.req.gpus or len(t.groups))
+        on_node = {n: v for n, v in on_node.items() if v > 0}
         until = 0
         if need_whole:
-            until = self._first_reaching(self.whole, need_whole - room.total_whole - slack_whole)
+            have = self.free.whole_totals()[0] + sum(on_node.values())
+            until = self._first_reaching(self.whole, need_whole - have)
+            for g in sorted(set(room.whole_needed) - {1}):
+                count = sum(1 for need in room.whole_needed if need >= g)
+                more = sum(-(-v // g) for v in on_node.values())
+                until = max(until, self._first_reaching(self._tally("holds", g), count - more))
         if room.fractions_needed:
             need = MILLI * need_whole + sum(room.fractions_needed)
-            have = MILLI * room.total_whole + room.total_room + slack_milli
+            have = MILLI * self.free.whole_totals()[0] + self.free.device_totals()[0] + sum(
+                MILLI * t.req.gpus or t.gpu_mem_cost * len(t.groups) for t in extra)
             until = max(until, self._first_reaching(self.milli, need - have))
+            for c in sorted(set(room.fractions_needed)):
+                count = sum(1 for need in room.fractions_needed if need >= c)
+                per_whole = MILLI // c
+                more = sum(per_whole * t.req.gpus if t.req.gpus
+                           else len(t.groups) * (-(-t.gpu_mem_cost // c) + per_whole)
+                           for t in extra)
+                until = max(until, self._first_reaching(
+                    self._tally("fits", c), count - more + per_whole * need_whole))
         return until
 
 
@@ -661,20 +795,19 @@ class VictimCache:
         self.scopes: dict[object, _ScopeVictims] = {}
         self.member_of: dict[str, list[_ScopeVictims]] = {}
         self.all_freed: dict[object, _FreeGpus] = {}
-        self.streams: dict[object, _VictimStream | None] = {}
+        self.streams: dict[object, _VictimStream] = {}
 
     def stream(self, sess: Session, scope: object) -> _VictimStream | None:
         """The scope's victim stream for the current state (`get` must have been called for
-        this state), or None when the scope's victims sit in several queues (there the order
-        also depends on what each queue already gave)."""
-        if scope is None or scope not in self.scopes:
+        this state)."""
+        if scope is None or scope not in self.scopes or self.free is None:
             return None
-        if scope not in self.streams:
+        stream = self.streams.get(scope)
+        if stream is None:
             victims = self.scopes[scope]
-            queues = [q for q, heap in victims.queue.heaps.items() if heap]
-            self.streams[scope] = (_VictimStream(sess, victims.queue, victims.units)
-                                   if len(queues) <= 1 else None)
-        return self.streams[scope]
+            stream = self.streams[scope] = _VictimStream(sess, victims.queue, victims.units,
+                                                         self.free)
+        return stream
 
     def get(self, sess: Session, scope: object, candidates: Callable[[], list[JobState]]
             ) -> tuple[_FreeGpus, _FreeGpus, JobQueue[VictimUnit]]:
@@ -766,8 +899,8 @@ class Solver:
         if not _GpuRoom(self.sess, self._all_freed, prefix).enough():
             return None  # not even every candidate victim together would make room
         stream = self.cache.stream(self.sess, self.scope)
-        victims = (stream.read(recorded, self.exhausted, room) if stream is not None
-                   else self._popped(recorded))
+        victims = (stream.read(recorded, self.exhausted, room)
+                   if stream is not None and stream.covers(recorded) else self._popped(recorded))
         potential: dict[int, list[Task]] = {}  # by node, in the order they were taken
         for taken, quiet in victims:
             for t in taken:
