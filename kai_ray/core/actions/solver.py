@@ -311,6 +311,32 @@ class _GpuRoom:
                 self.max_whole = max(self.max_whole, new)
                 _raise_in_top(self.top_whole, node, new, k)
 
+    def adopt(self, whole: dict[int, int], freed: dict[tuple[int, str], int]) -> None:
+        """Make the victims counted in `whole` and `freed` (overlays over `base`, as
+        `free_into` leaves them) the victims so far, in place of those added before."""
+        base = self.base
+        self.whole = dict(whole)
+        self.freed = dict(freed)
+        self.total_whole = base.whole_totals()[0] + sum(
+            v - base.whole.get(n, 0) for n, v in whole.items())
+        self.max_whole = max(base.whole_totals()[1], max(whole.values(), default=0))
+        k = len(self.whole_needed)
+        merged = list(whole.items()) + [(n, v) for v, n in base.top_whole(k + len(whole))
+                                        if n not in whole]
+        self.top_whole = dict(heapq.nlargest(k, merged, key=lambda item: item[1]))
+        if not self.fractions_needed:
+            return
+        self.devices = {}
+        for key, amount in freed.items():
+            group = self.sess.groups[key[0]].get(key[1])
+            if group is not None:
+                self.devices[key] = (0 if amount + group.releasing >= group.used
+                                     else MILLI - group.used + group.releasing + amount)
+        self.total_room = base.device_totals()[0] + sum(
+            v - base.devices.get(key, 0) for key, v in self.devices.items())
+        self.max_room = max(base.device_totals()[1], max(self.devices.values(), default=0))
+        self.top_rooms = None
+
     def enough(self) -> bool:
         if self.trivial:
             return True
@@ -587,6 +613,13 @@ class _VictimStream:
         self.milli: list[int] = []  # at most this many milli of GPU freed by entries 0..i
         self.tallies: dict[tuple[str, int], _Holds | _Fits] = {}
         self._device_freed: dict[tuple[int, str], int] = {}
+        self.positions: dict[int, list[int]] = {}  # each job's entries
+        # what entries 0..cursor-1 free, as `_GpuRoom.free_into` counts it: a prefix whose
+        # quiet batch is exactly those entries adopts it instead of adding them one by one
+        self._counter = _GpuRoom(sess, free, [])
+        self.cursor = 0
+        self.cursor_whole: dict[int, int] = {}
+        self.cursor_freed: dict[tuple[int, str], int] = {}
         self.done = False
 
     def _more(self) -> bool:
@@ -600,6 +633,7 @@ class _VictimStream:
         if rest is not None:
             self.source.push(rest)
         gains, events = self._frees(taken, self._device_freed)
+        self.positions.setdefault(id(unit.job), []).append(len(self.keys))
         self.keys.append(victim_key(self.sess, unit.order_key()))
         self.jobs.append(unit.job)
         self.taken.append(taken)
@@ -658,8 +692,10 @@ class _VictimStream:
         queues the order also depends on what each queue already gave, so only when every
         job with a recorded victim is one unit, taken whole and recorded whole: then popping
         skips it exactly where the stream has it, and the rest is the same."""
-        if self.one_queue or not recorded:
-            return True
+        return self.one_queue or self._recorded_whole(recorded)
+
+    def _recorded_whole(self, recorded: list[Task]) -> bool:
+        """Every job with a recorded victim is one unit, taken whole and recorded whole."""
         ids = {id(t) for t in recorded}
         for job in {id(t.job): t.job for t in recorded}.values():
             unit = self.units.get(job.name)
@@ -673,8 +709,8 @@ class _VictimStream:
         """What `Solver._popped` would yield for `recorded`, without popping again: the
         entries of jobs with a recorded victim are left out and those jobs' units are taken
         anew on the side (as `_popped` does), merged in by key. The first item is the batch
-        of victims that cannot make room for `room`'s prefix (quiet), then one entry at a
-        time."""
+        of victims that cannot make room for `room`'s prefix (quiet: they are added to `room`
+        here), then one entry at a time."""
         recorded_set = {id(t) for t in recorded}
         side: list[tuple[tuple[int, int, float, int], int, VictimUnit]] = []
         side_jobs = {id(t.job): t.job for t in recorded}
@@ -724,11 +760,31 @@ class _VictimStream:
                 batch.extend(taken)
                 continue
             if batch:
+                self._count_in(room, batch, quiet_until, recorded, exhausted)
                 yield batch, True
                 batch = []
             yield taken, False
         if batch:
+            self._count_in(room, batch, quiet_until, recorded, exhausted)
             yield batch, True
+
+    def _count_in(self, room: _GpuRoom, batch: list[Task], until: int, recorded: list[Task],
+                  exhausted: set[str]) -> None:
+        """Add a quiet batch to `room`. When the batch and the recorded victims together are
+        exactly entries 0..until-1 (every recorded job is one entry, taken whole, before
+        `until`; no queue exhausted), `room` adopts the stream's count of those entries."""
+        whole_entries = not exhausted and self.cursor <= until and all(
+            len(self.positions.get(id(job), ())) == 1 and self.positions[id(job)][0] < until
+            for job in {id(t.job): t.job for t in recorded}.values()) and self._recorded_whole(
+                recorded)
+        if not whole_entries:
+            room.add_victims(batch)
+            return
+        while self.cursor < until:
+            for t in self.taken[self.cursor]:
+                self._counter.free_into(t, self.cursor_whole, {}, self.cursor_freed)
+            self.cursor += 1
+        room.adopt(self.cursor_whole, self.cursor_freed)
 
     def _exhausted(self, exhausted: set[str], job: JobState) -> bool:
         return bool(exhausted) and any(q.name in exhausted
@@ -906,8 +962,7 @@ class Solver:
             for t in taken:
                 potential.setdefault(t.node, []).append(t)
             if quiet:
-                room.add_victims(taken)
-                continue  # these victims cannot make room yet: nothing to simulate
+                continue  # already in `room` (see `_VictimStream.read`); nothing to simulate
             for t in taken:
                 room.add_victim(t)
             if not room.enough():
