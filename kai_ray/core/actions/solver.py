@@ -770,14 +770,13 @@ class _VictimStream:
 
     def _count_in(self, room: _GpuRoom, batch: list[Task], until: int, recorded: list[Task],
                   exhausted: set[str]) -> None:
-        """Add a quiet batch to `room`. When the batch and the recorded victims together are
-        exactly entries 0..until-1 (every recorded job is one entry, taken whole, before
-        `until`; no queue exhausted), `room` adopts the stream's count of those entries."""
-        whole_entries = not exhausted and self.cursor <= until and all(
-            len(self.positions.get(id(job), ())) == 1 and self.positions[id(job)][0] < until
-            for job in {id(t.job): t.job for t in recorded}.values()) and self._recorded_whole(
-                recorded)
-        if not whole_entries:
+        """Add a quiet batch to `room` (which holds the recorded victims). When every recorded
+        job is one entry of the stream, taken whole, and no queue is exhausted, the batch plus
+        the recorded entries before `until` are exactly entries 0..until-1: `room` adopts the
+        stream's count of those and takes the recorded victims after `until` again."""
+        jobs = {id(t.job): t.job for t in recorded}.values()
+        if (exhausted or self.cursor > until or not self._recorded_whole(recorded)
+                or any(len(self.positions.get(id(job), ())) != 1 for job in jobs)):
             room.add_victims(batch)
             return
         while self.cursor < until:
@@ -785,6 +784,9 @@ class _VictimStream:
                 self._counter.free_into(t, self.cursor_whole, {}, self.cursor_freed)
             self.cursor += 1
         room.adopt(self.cursor_whole, self.cursor_freed)
+        for t in recorded:
+            if self.positions[id(t.job)][0] >= until:
+                room.add_victim(t)
 
     def _exhausted(self, exhausted: set[str], job: JobState) -> bool:
         return bool(exhausted) and any(q.name in exhausted
