@@ -213,8 +213,9 @@ class JobQueue(Generic[E]):
         return best
 
     def pop(self) -> E | None:
-        nonempty = self.live_queues() if self.dead else [
-            name for name, heap in self.heaps.items() if heap]
+        if self.dead:
+            self._drop_dead_tops()
+        nonempty = [name for name, heap in self.heaps.items() if heap]
         if not nonempty:
             return None
         if len(nonempty) == 1:

@@ -148,6 +148,8 @@ class _FreeGpus:
 
     def top_rooms(self, count: int) -> list[tuple[int, tuple[int, str]]]:
         """The `count` roomiest shared devices (room, key), roomiest first."""
+        if count <= 0:
+            return []
         if self._top is None or (len(self._top) < count and self._top_count < count):
             limit = max(count, 2 * self._top_count, 32)
             self._top = heapq.nlargest(limit, ((v, k) for k, v in self.devices.items() if v > 0))
@@ -156,6 +158,8 @@ class _FreeGpus:
 
     def top_whole(self, count: int) -> list[tuple[int, int]]:
         """The `count` nodes with the most free whole GPUs (gpus, node), most first."""
+        if count <= 0:
+            return []
         if self._top_whole is None or (len(self._top_whole) < count
                                        and len(self._top_whole) < len(self.whole)):
             limit = max(count, 2 * len(self._top_whole or ()), 32)
