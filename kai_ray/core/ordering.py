@@ -213,6 +213,18 @@ class JobQueue(Generic[E]):
         return best
 
     def pop(self) -> E | None:
+        if len(self.heaps) == 1:
+            # one queue at all (a preemptor's victims): no tree walk, no comparisons
+            name, heap = next(iter(self.heaps.items()))
+            while heap and self._reachable(name):
+                item = heapq.heappop(heap)[2]
+                if self.dead and id(item) in self.dead:
+                    self.dead.discard(id(item))
+                    continue
+                if self.reverse:
+                    self.untaken.append(item)
+                return item
+            return None
         if self.dead:
             self._drop_dead_tops()
         nonempty = [name for name, heap in self.heaps.items() if heap]

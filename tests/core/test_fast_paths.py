@@ -63,6 +63,8 @@ def _gangs_of_running(snapshot: Snapshot, seed: int) -> Snapshot:
        queues=st.integers(1, 4), spread=st.booleans(), gangs=st.booleans())
 # reclaim across queues where a recorded victim's job is a gang that is not all recorded
 @example(nodes=23, seed=861, pending=6, queues=4, spread=False, gangs=False)
+# jobs a success touched come back into the carried-over victim stream with their new units
+@example(nodes=32, seed=24, pending=4, queues=2, spread=False, gangs=False)
 def test_same_decisions_on_busy_clusters(nodes, seed, pending, queues, spread, gangs):
     snapshot = cluster(nodes, seed=seed, pending_per_node=pending, queues=queues)
     if gangs:

@@ -67,6 +67,8 @@ class VictimUnit:
     def take(self) -> tuple[list[Task], VictimUnit | None]:
         """Tasks to evict next: one extra task of a podset above its minimum (with the other
         hosts of its replica: a replica is never split), else all."""
+        if len(self.tasks) == 1:
+            return list(self.tasks), None  # no podset is above its minimum (at least 1)
         above = [(name, ts) for name, ts in self.by_set.items()
                  if len(ts) > self.job.podsets[name].min_member]
         if above:
@@ -605,28 +607,36 @@ class _VictimStream:
         self.source = queue.clone()
         self.one_queue = len(self.source.live_queues()) <= 1
         self.units = units  # each job's unit in the queue as it was cloned
+        self._start(free)
+
+    def _start(self, free: _FreeGpus) -> None:
+        """No entry popped or counted yet."""
         self.free = free  # free GPUs before any victim goes
         self.keys: list[tuple[int, int, float, int]] = []
         self.jobs: list[JobState] = []
         self.taken: list[list[Task]] = []
-        # per entry: whole GPUs it frees per node (a device whose sharers are all gone counts)
-        # and the milli it frees on each shared device
+        self.positions: dict[int, list[int]] = {}  # each job's entries
+        self.reach = 0  # entries read by a prefix so far
+        self.done = False
+        # every entry so far took its unit whole (then `renew` can carry the stream over)
+        self.single_takes = True
+        # counted per entry (see `_grow`): whole GPUs it frees per node (a device whose sharers
+        # are all gone counts) and the milli it frees on each shared device
         self.gains: list[dict[int, int]] = []
         self.events: list[list[tuple[tuple[int, str], int]]] = []
         self.whole: list[int] = []  # whole GPUs freed by entries 0..i
         self.milli: list[int] = []  # at most this many milli of GPU freed by entries 0..i
         self.tallies: dict[tuple[str, int], _Holds | _Fits] = {}
         self._device_freed: dict[tuple[int, str], int] = {}
-        self.positions: dict[int, list[int]] = {}  # each job's entries
         # what entries 0..cursor-1 free, as `_GpuRoom.free_into` counts it: a prefix whose
         # quiet batch is exactly those entries adopts it instead of adding them one by one
-        self._counter = _GpuRoom(sess, free, [])
+        self._counter = _GpuRoom(self.sess, free, [])
         self.cursor = 0
         self.cursor_whole: dict[int, int] = {}
         self.cursor_freed: dict[tuple[int, str], int] = {}
-        self.done = False
 
     def _more(self) -> bool:
+        """Pop one more entry."""
         if self.done:
             return False
         unit = self.source.pop()
@@ -636,11 +646,68 @@ class _VictimStream:
         taken, rest = unit.take()
         if rest is not None:
             self.source.push(rest)
-        gains, events = self._frees(taken, self._device_freed)
+            self.single_takes = False
         self.positions.setdefault(id(unit.job), []).append(len(self.keys))
         self.keys.append(victim_key(self.sess, unit.order_key()))
         self.jobs.append(unit.job)
         self.taken.append(taken)
+        return True
+
+    def renew(self, queue: JobQueue[VictimUnit], free: _FreeGpus, touched: set[str]) -> bool:
+        """Carry the stream over to the next state, where the jobs named in `touched` have new
+        units in `queue` (or none): their entries go, the others keep their order, and the
+        touched jobs' new units are merged in by key. The tallies start again (free GPUs
+        changed). Only for one queue and single takes: then each kept job is exactly its one
+        entry and marking its unit dead in a fresh copy of `queue` leaves the rest to pop."""
+        if not (self.one_queue and self.single_takes):
+            return False
+        # only as far as prefixes read in this state: the entries after go back to the source
+        kept = [i for i, job in enumerate(self.jobs[:self.reach]) if job.name not in touched]
+        source = queue.clone()
+        source.dead.update(id(self.units[self.jobs[i].name]) for i in kept
+                           if self.jobs[i].name in self.units)
+        last = self.keys[kept[-1]] if kept else None
+        new: list[tuple[tuple[int, int, float, int], JobState, list[Task]]] = []
+        while last is not None and (top := self._top_key(source)) is not None and top < last:
+            unit = source.pop()
+            assert unit is not None
+            taken, rest = unit.take()
+            if rest is not None:
+                source.push(rest)
+                self.single_takes = False
+            new.append((victim_key(self.sess, unit.order_key()), unit.job, taken))
+        entries = list(heapq.merge(((self.keys[i], self.jobs[i], self.taken[i]) for i in kept),
+                                   new, key=lambda entry: entry[0]))
+        single = self.single_takes
+        self.source = source
+        self._start(free)
+        self.single_takes = single
+        for key, job, taken in entries:
+            self.positions.setdefault(id(job), []).append(len(self.keys))
+            self.keys.append(key)
+            self.jobs.append(job)
+            self.taken.append(taken)
+        return True
+
+    @staticmethod
+    def _top_key(queue: JobQueue[VictimUnit]) -> tuple[int, int, float, int] | None:
+        """The key of the item `queue` (one queue) pops next, or None."""
+        for heap in queue.heaps.values():
+            while heap and id(heap[0][2]) in queue.dead:
+                queue.dead.discard(id(heapq.heappop(heap)[2]))
+            if heap:
+                key = heap[0][0]
+                assert isinstance(key, tuple)
+                return key
+        return None
+
+    def _grow(self) -> bool:
+        """Count one more entry in the tallies (popping it first if need be)."""
+        i = len(self.whole)
+        if i == len(self.keys) and not self._more():
+            return False
+        taken = self.taken[i]
+        gains, events = self._frees(taken, self._device_freed)
         self.gains.append(gains)
         self.events.append(events)
         self.whole.append((self.whole[-1] if self.whole else 0) + sum(gains.values()))
@@ -685,10 +752,10 @@ class _VictimStream:
         return gains, events
 
     def _first_reaching(self, sums: list[int], target: int) -> int:
-        """The first entry whose running sum reaches `target` (popping as far as needed), or
+        """The first entry whose running sum reaches `target` (counting as far as needed), or
         the number of entries when none does."""
-        while not self.done and (not sums or sums[-1] < target):
-            self._more()
+        while (not sums or sums[-1] < target) and self._grow():
+            pass
         return bisect_left(sums, target)
 
     def covers(self, recorded: list[Task]) -> bool:
@@ -756,6 +823,7 @@ class _VictimStream:
                 job = self.jobs[i]
                 taken = self.taken[i]
                 i += 1
+                self.reach = max(self.reach, i)
                 if id(job) in side_jobs or self._exhausted(exhausted, job):
                     continue
             if not taken:
@@ -874,21 +942,27 @@ class VictimCache:
     def get(self, sess: Session, scope: object, candidates: Callable[[], list[JobState]]
             ) -> tuple[_FreeGpus, _FreeGpus, JobQueue[VictimUnit]]:
         if self.version != len(sess.undo) or self.free is None:
+            touched: set[str] = set()
             if 0 <= self.version <= len(sess.undo):
-                touched = list({id(entry[1].job): entry[1].job for entry in sess.undo[self.version:]
-                                if isinstance(entry[1], Task)}.values())
+                jobs = list({id(entry[1].job): entry[1].job for entry in sess.undo[self.version:]
+                             if isinstance(entry[1], Task)}.values())
+                touched = {job.name for job in jobs}
                 by_scope: dict[int, tuple[_ScopeVictims, list[JobState]]] = {}
-                for job in touched:
+                for job in jobs:
                     for victims in self.member_of.get(job.name, ()):
                         by_scope.setdefault(id(victims), (victims, []))[1].append(job)
                 for victims, jobs in by_scope.values():
                     victims.update(jobs)
             else:
-                self.scopes, self.member_of = {}, {}
+                self.scopes, self.member_of, self.streams = {}, {}, {}
             self.version = len(sess.undo)
             self.free = _FreeGpus(sess)
             self.all_freed = {}
-            self.streams = {}
+            streams, self.streams = self.streams, {}
+            for key, stream in streams.items():
+                kept = self.scopes.get(key)
+                if kept is not None and stream.renew(kept.queue, self.free, touched):
+                    self.streams[key] = stream
         if scope is None:
             units = victim_units(candidates())
             all_freed = self.free.with_victims(sess, [t for u in units for t in u.tasks])
