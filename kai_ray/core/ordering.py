@@ -133,15 +133,23 @@ class JobQueue(Generic[E]):
         for heap in self.heaps.values():
             heapq.heapify(heap)
 
-    def clone(self) -> JobQueue[E]:
-        """An independent copy (heap lists are copied, so the heap order is kept)."""
+    def clone(self, without: set[int] | None = None) -> JobQueue[E]:
+        """An independent copy (heap lists are copied, so the heap order is kept), less the
+        items whose ids are in `without`."""
         other: JobQueue[E] = JobQueue(self.sess, (), self.reverse, self.simulation)
-        other.heaps = {q: list(h) for q, h in self.heaps.items()}
+        if without:
+            gone = without | self.dead
+            other.heaps = {q: [e for e in h if id(e[2]) not in gone]
+                           for q, h in self.heaps.items()}
+            for heap in other.heaps.values():
+                heapq.heapify(heap)
+        else:
+            other.heaps = {q: list(h) for q, h in self.heaps.items()}
+            other.dead = set(self.dead)
         other.seq = self.seq
         other.taken = dict(self.taken)
         other.untaken = list(self.untaken)
         other.reachable = self.reachable
-        other.dead = set(self.dead)
         return other
 
     def discard(self, items: Iterable[E]) -> None:

@@ -663,9 +663,8 @@ class _VictimStream:
             return False
         # only as far as prefixes read in this state: the entries after go back to the source
         kept = [i for i, job in enumerate(self.jobs[:self.reach]) if job.name not in touched]
-        source = queue.clone()
-        source.dead.update(id(self.units[self.jobs[i].name]) for i in kept
-                           if self.jobs[i].name in self.units)
+        source = queue.clone(without={id(self.units[self.jobs[i].name]) for i in kept
+                                      if self.jobs[i].name in self.units})
         last = self.keys[kept[-1]] if kept else None
         new: list[tuple[tuple[int, int, float, int], JobState, list[Task]]] = []
         while last is not None and (top := self._top_key(source)) is not None and top < last:
@@ -926,6 +925,7 @@ class VictimCache:
         self.member_of: dict[str, list[_ScopeVictims]] = {}
         self.all_freed: dict[object, _FreeGpus] = {}
         self.streams: dict[object, _VictimStream] = {}
+        self.touched: dict[object, set[str]] = {}  # per stream, jobs changed since it was built
 
     def stream(self, sess: Session, scope: object) -> _VictimStream | None:
         """The scope's victim stream for the current state (`get` must have been called for
@@ -933,6 +933,10 @@ class VictimCache:
         if scope is None or scope not in self.scopes or self.free is None:
             return None
         stream = self.streams.get(scope)
+        touched = self.touched.pop(scope, None)
+        if stream is not None and touched is not None and not stream.renew(
+                self.scopes[scope].queue, self.free, touched):
+            stream = None
         if stream is None:
             victims = self.scopes[scope]
             stream = self.streams[scope] = _VictimStream(sess, victims.queue, victims.units,
@@ -954,15 +958,13 @@ class VictimCache:
                 for victims, jobs in by_scope.values():
                     victims.update(jobs)
             else:
-                self.scopes, self.member_of, self.streams = {}, {}, {}
+                self.scopes, self.member_of, self.streams, self.touched = {}, {}, {}, {}
             self.version = len(sess.undo)
             self.free = _FreeGpus(sess)
             self.all_freed = {}
-            streams, self.streams = self.streams, {}
-            for key, stream in streams.items():
-                kept = self.scopes.get(key)
-                if kept is not None and stream.renew(kept.queue, self.free, touched):
-                    self.streams[key] = stream
+            # streams are carried over when next used (`stream`), with every job touched since
+            for key in self.streams:
+                self.touched.setdefault(key, set()).update(touched)
         if scope is None:
             units = victim_units(candidates())
             all_freed = self.free.with_victims(sess, [t for u in units for t in u.tasks])
