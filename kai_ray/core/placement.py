@@ -262,9 +262,13 @@ def choose(sess: Session, task: Task, explain: bool = True
     """Best node for `task`, or None with the failed-predicate histogram (empty unless
     `explain`: simulations do not need it). A virtually evicted victim is placed like any task;
     if that lands it where it was, the session un-evicts it."""
-    few = _few_candidates(sess, task)
-    if few is not None:
-        return _choose_among(sess, task, few, explain)
+    cand = _gpu_candidates(sess, task)
+    if cand is not None and len(cand) <= _FEW:
+        return _choose_among(sess, task, cand.tolist(), explain)
+    if cand is not None:
+        packed = _binpack_whole(sess, task, cand)
+        if packed is not None:
+            return packed, {}
     fits, fits_idle, _ = feasible(sess, task)
     if not fits.any():
         return None, feasible(sess, task, explain=True)[2] if explain else {}
@@ -280,9 +284,9 @@ def choose(sess: Session, task: Task, explain: bool = True
     return place_on(sess, task, node, bool(fits_idle[node])), {}
 
 
-def _few_candidates(sess: Session, task: Task) -> list[int] | None:
-    """The nodes with GPU room for `task` (a superset of those it fits on), when they are few:
-    on a busy cluster most nodes are ruled out by the session's GPU room index alone."""
+def _gpu_candidates(sess: Session, task: Task) -> npt.NDArray[np.intp] | None:
+    """The nodes with GPU room for `task` (a superset of those it fits on), from the
+    session's GPU room index: on a busy cluster most nodes are ruled out by it alone."""
     req = task.req
     if sess.config.gpu_packing != "kai":
         return None
@@ -293,7 +297,24 @@ def _few_candidates(sess: Session, task: Task) -> list[int] | None:
                               | (sess.gpu_free_at >= 1))
     else:
         return None  # CPU-only or gpu-memory (its cost depends on the node): the array path
-    return cand.tolist() if len(cand) <= _FEW else None
+    return cand
+
+
+def _binpack_whole(sess: Session, task: Task, cand: npt.NDArray[np.intp]) -> Choice | None:
+    """Binpack for a whole-GPU task without scoring every node: the score is 100 for fitting
+    on idle resources plus 0..9 falling with the node's free GPUs, so the first node, by free
+    GPUs then name, that fits on idle wins. None when that does not settle it among the first
+    _FEW candidates in that order (or the scores could tie): the array path decides."""
+    counts = sess.free_counts
+    if (not task.req.gpus or sess.config.placement.gpu == "spread" or not counts
+            or min(counts) == max(counts)):
+        return None
+    order = cand[np.lexsort((cand, sess.gpu_free_at[cand]))]
+    for node in order[:_FEW].tolist():
+        fits, idle = fits_node(sess, task, node)
+        if fits and idle:
+            return place_on(sess, task, node, True)
+    return None
 
 
 def _choose_among(sess: Session, task: Task, nodes: list[int], explain: bool

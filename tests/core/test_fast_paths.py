@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 
 from kai_ray.core import placement
 from kai_ray.core.actions import solver
-from kai_ray.core.model import SchedulerConfig, Snapshot
+from kai_ray.core.model import PodStatus, SchedulerConfig, Snapshot
 from kai_ray.core.result import CycleResult
 from kai_ray.core.schedule import schedule
 from kai_ray.sim.runner import advance
@@ -31,6 +31,7 @@ def _both_ways(snapshot: Snapshot, config: SchedulerConfig, now: float
     fast = schedule(snapshot, config, now)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(placement, "_FEW", -1)  # every node choice on the array path
+        patch.setattr(placement, "_binpack_whole", lambda sess, task, cand: None)
         patch.setattr(solver.VictimCache, "stream", lambda self, sess, scope: None)
         plain = schedule(snapshot, config, now)
     return fast, plain
@@ -78,10 +79,40 @@ def test_same_decisions_on_busy_clusters(nodes, seed, pending, queues, spread, g
     assert _decisions(fast) == _decisions(plain)
 
 
+def _some_releasing(snapshot: Snapshot) -> Snapshot:
+    """Every fifth running pod already on its way out: nodes that fit only with what is
+    releasing (pipelining), next to nodes that fit on idle resources."""
+    jobs = []
+    for i, job in enumerate(snapshot.jobs):
+        if job.name.startswith("pg-run-") and i % 5 == 0:
+            job = dataclasses.replace(job, pods=tuple(
+                dataclasses.replace(p, status=PodStatus.RELEASING) for p in job.pods))
+        jobs.append(job)
+    return dataclasses.replace(snapshot, jobs=tuple(jobs))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_same_decisions_with_many_candidate_nodes(seed):
+    """Clusters big enough that allocate sees more than `_FEW` nodes with room (the binpack
+    order shortcut), then a second cycle with releasing pods."""
+    snapshot = _some_releasing(cluster(120, seed=seed, pending_per_node=6, queues=3))
+    fast, plain = _both_ways(snapshot, _config(False), 0.0)
+    assert _decisions(fast) == _decisions(plain)
+    later = advance(snapshot, fast)
+    fast, plain = _both_ways(later, _config(False), 1.0)
+    assert _decisions(fast) == _decisions(plain)
+
+
 def test_the_shortcuts_are_taken():
     """The comparison above means something only if both shortcuts run on such clusters."""
-    calls = {"few": 0, "stream": 0}
+    calls = {"few": 0, "stream": 0, "binpack": 0}
     choose_among, read = placement._choose_among, solver._VictimStream.read
+    binpack = placement._binpack_whole
+
+    def counting_binpack(*args, **kwargs):
+        picked = binpack(*args, **kwargs)
+        calls["binpack"] += picked is not None
+        return picked
 
     def counting_choose(*args, **kwargs):
         calls["few"] += 1
@@ -94,6 +125,7 @@ def test_the_shortcuts_are_taken():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(placement, "_choose_among", counting_choose)
         patch.setattr(solver._VictimStream, "read", counting_read)
-        result = schedule(cluster(30, seed=1), _config(False), 0.0)
+        patch.setattr(placement, "_binpack_whole", counting_binpack)
+        result = schedule(cluster(120, seed=1), _config(False), 0.0)
     assert result.evictions
-    assert calls["few"] > 100 and calls["stream"] > 10
+    assert calls["few"] > 100 and calls["stream"] > 10 and calls["binpack"] > 50
