@@ -1,0 +1,89 @@
+"""The pod grouper against the real control plane: the pods of one gang that arrive together
+(a ReplicaSet's, created at once by the controller manager) write their PodGroup once per pass,
+not once per pod (one create answered, the rest refused 409 and then read and replaced)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from kai_ray.controller.podgrouper import PodGrouper
+from kai_ray.k8s.cache import PG_PLURAL, ClusterCache
+from kai_ray.k8s.events import EventRecorder
+from kai_ray.testing.cluster import Cluster
+
+from .helpers import wait_for
+
+GANG = 8
+
+
+class CountingClient(client.ApiClient):
+    """Every request's method, URL and answer status, as the API server answered them."""
+
+    def __init__(self, configuration: client.Configuration) -> None:
+        super().__init__(configuration)
+        self.calls: list[tuple[str, str, int]] = []
+        self._lock = threading.Lock()
+
+    def call_api(self, method: str, url: str, *args: Any, **kwargs: Any) -> Any:
+        resp = super().call_api(method, url, *args, **kwargs)
+        with self._lock:
+            self.calls.append((method, url, resp.status))
+        return resp
+
+    def podgroup_calls(self, namespace: str) -> list[tuple[str, int]]:
+        prefix = f"/namespaces/{namespace}/{PG_PLURAL}"
+        with self._lock:
+            return [(m, s) for m, u, s in self.calls if prefix in u]
+
+
+@pytest.fixture
+def grouper(cluster: Cluster) -> Iterator[tuple[PodGrouper, ClusterCache, CountingClient]]:
+    api = CountingClient(cluster.api_client().configuration)
+    cache = ClusterCache(cluster.api_client())
+    cache.start()
+    g = PodGrouper(api, cache, EventRecorder(cluster.api_client()), workers=GANG)
+    yield g, cache, api
+    cache.stop()
+    if g.ray_watch is not None:
+        g.ray_watch.stop()
+    g.pool.shutdown(wait=False)
+
+
+def _replica_set(name: str) -> dict[str, Any]:
+    labels = {"app": name}
+    return {"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": name},
+            "spec": {"replicas": GANG, "selector": {"matchLabels": labels},
+                     "template": {"metadata": {"labels": labels}, "spec": {
+                         "schedulerName": "kai-scheduler",
+                         "containers": [{"name": "main", "image": "busybox",
+                                         "resources": {"requests": {"cpu": "10m"}}}]}}}}
+
+
+def test_a_gang_arriving_together_creates_its_podgroup_once(cluster: Cluster, namespace: str,
+                                                            grouper: Any) -> None:
+    g, cache, api = grouper
+    rs = client.AppsV1Api(cluster.api_client()).create_namespaced_replica_set(
+        namespace, _replica_set("gang"))
+    wait_for(f"the cache to hold the {GANG} pods",
+             lambda: len([p for p in cache.pods.values()
+                          if p["metadata"]["namespace"] == namespace]) == GANG, timeout=60)
+    assert g.run_once() == GANG  # all eight in one pass
+
+    pg_name = f"pg-gang-{rs.metadata.uid}"
+    calls = api.podgroup_calls(namespace)
+    creates = [s for m, s in calls if m == "POST"]
+    conflicts = [s for m, s in calls if s == 409]
+    summary = f"{len(creates)} creates, {len(conflicts)} answered 409, all: {calls}"
+    assert calls == [("POST", 201)], summary  # one create; no 409, no read, no replace
+    core = client.CoreV1Api(cluster.api_client())
+    pods = core.list_namespaced_pod(namespace).items
+    assert len(pods) == GANG
+    assert {p.metadata.annotations.get("pod-group-name") for p in pods} == {pg_name}
+    pg = client.CustomObjectsApi(cluster.api_client()).get_namespaced_custom_object(
+        "scheduling.run.ai", "v2alpha2", namespace, PG_PLURAL, pg_name)
+    assert pg["metadata"]["ownerReferences"][0]["uid"] == rs.metadata.uid
