@@ -1,10 +1,12 @@
-"""The pod grouper against the real control plane: the pods of one gang that arrive together
+"""The pod grouper against the real control plane: only pod events that can change grouping
+wake its thread (binds and status updates do not), and the pods of one gang that arrive together
 (a ReplicaSet's, created at once by the controller manager) write their PodGroup once per pass,
 not once per pod (one create answered, the rest refused 409 and then read and replaced)."""
 
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -12,6 +14,8 @@ import pytest
 from kubernetes import client
 
 from kai_ray.controller.podgrouper import PodGrouper
+from kai_ray.controller.scheduler_loop import LoopConfig, SchedulerLoop
+from kai_ray.k8s import rawapi
 from kai_ray.k8s.cache import PG_PLURAL, ClusterCache
 from kai_ray.k8s.events import EventRecorder
 from kai_ray.testing.cluster import Cluster
@@ -52,6 +56,70 @@ def grouper(cluster: Cluster) -> Iterator[tuple[PodGrouper, ClusterCache, Counti
     if g.ray_watch is not None:
         g.ray_watch.stop()
     g.pool.shutdown(wait=False)
+
+
+def _stable(what: str, count: Any, quiet_s: float = 1.0, timeout: float = 30) -> int:
+    """`count()` once it has not moved for `quiet_s`."""
+    last, since = count(), time.monotonic()
+    deadline = time.monotonic() + timeout
+    while time.monotonic() - since < quiet_s:
+        assert time.monotonic() < deadline, f"{what} still moving after {timeout}s"
+        time.sleep(0.1)
+        now = count()
+        if now != last:
+            last, since = now, time.monotonic()
+    return int(last)
+
+
+def test_binding_pods_does_not_wake_the_grouper(cluster: Cluster, gpu_nodes: list[str],
+                                                namespace: str, grouper: Any) -> None:
+    g, cache, _ = grouper
+    passes: list[float] = []
+    run_once = g.run_once
+
+    def counting() -> int:
+        passes.append(time.monotonic())
+        return int(run_once())
+
+    g.run_once = counting
+    # a long period: every pass after the first is a wake-up by a pod event
+    loop = SchedulerLoop(cluster.api_client(), cache, LoopConfig(period_s=300.0))
+    loop.grouper = g
+    thread = threading.Thread(target=loop._group_forever, args=(None,), daemon=True)
+    thread.start()
+    try:
+        core = client.CoreV1Api(cluster.api_client())
+        names = [f"p{i}" for i in range(4)]
+        for name in names:
+            core.create_namespaced_pod(namespace, {
+                "metadata": {"name": name, "labels": {"kai.scheduler/queue": "default-queue"}},
+                "spec": {"schedulerName": "kai-scheduler", "containers": [{
+                    "name": "main", "image": "busybox",
+                    "resources": {"requests": {"cpu": "10m"}}}]}})
+
+        def grouped() -> bool:
+            pods = [cache.pods.get(f"{namespace}/{n}") for n in names]
+            return all(p and "pod-group-name" in (p["metadata"].get("annotations") or {})
+                       for p in pods)
+
+        wait_for("the new pods grouped (woken, not by the 300 s period)", grouped, timeout=30)
+        before = _stable("grouper passes", lambda: len(passes))
+
+        for i, name in enumerate(names):
+            rawapi.bind(cluster.api_client(), namespace, name, None, gpu_nodes[i % 2])
+        wait_for("the bound pods Running in the cache", lambda: all(
+            (cache.pods.get(f"{namespace}/{n}") or {}).get("status", {}).get("phase")
+            == "Running" for n in names), timeout=60)
+        time.sleep(1.0)  # room for a wake-up to show
+        assert len(passes) == before, \
+            f"binds and status updates woke the grouper {len(passes) - before} times"
+
+        # the count can move: a label change may regroup, so it wakes the grouper
+        core.patch_namespaced_pod(names[0], namespace, {"metadata": {"labels": {"x": "y"}}})
+        wait_for("a pass after a label change", lambda: len(passes) > before, timeout=10)
+    finally:
+        loop.stop()
+        thread.join(5)
 
 
 def _replica_set(name: str) -> dict[str, Any]:
