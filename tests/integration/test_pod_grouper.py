@@ -15,7 +15,8 @@ from kubernetes import client
 
 from kai_ray.controller.podgrouper import PodGrouper
 from kai_ray.controller.scheduler_loop import LoopConfig, SchedulerLoop
-from kai_ray.k8s import rawapi
+from kai_ray.grouping import GroupingConfig
+from kai_ray.k8s import convert, rawapi
 from kai_ray.k8s.cache import PG_PLURAL, ClusterCache
 from kai_ray.k8s.events import EventRecorder
 from kai_ray.testing.cluster import Cluster
@@ -23,6 +24,9 @@ from kai_ray.testing.cluster import Cluster
 from .helpers import wait_for
 
 GANG = 8
+# a scheduler name of these tests' own: a `kai-ray run` of other tests (the session's
+# kai_scheduler) must not group or bind these pods, nor count in what is measured here
+SCHEDULER = "kai-ray-grouper-test"
 
 
 class CountingClient(client.ApiClient):
@@ -46,11 +50,14 @@ class CountingClient(client.ApiClient):
 
 
 @pytest.fixture
-def grouper(cluster: Cluster) -> Iterator[tuple[PodGrouper, ClusterCache, CountingClient]]:
+def grouper(cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+            ) -> Iterator[tuple[PodGrouper, ClusterCache, CountingClient]]:
+    monkeypatch.setattr(convert, "SCHEDULER_NAME", SCHEDULER)  # what the cache calls ours
     api = CountingClient(cluster.api_client().configuration)
     cache = ClusterCache(cluster.api_client())
     cache.start()
-    g = PodGrouper(api, cache, EventRecorder(cluster.api_client()), workers=GANG)
+    g = PodGrouper(api, cache, EventRecorder(cluster.api_client()),
+                   GroupingConfig(scheduler_name=SCHEDULER), workers=GANG)
     yield g, cache, api
     cache.stop()
     if g.ray_watch is not None:
@@ -93,7 +100,7 @@ def test_binding_pods_does_not_wake_the_grouper(cluster: Cluster, gpu_nodes: lis
         for name in names:
             core.create_namespaced_pod(namespace, {
                 "metadata": {"name": name, "labels": {"kai.scheduler/queue": "default-queue"}},
-                "spec": {"schedulerName": "kai-scheduler", "containers": [{
+                "spec": {"schedulerName": SCHEDULER, "containers": [{
                     "name": "main", "image": "busybox",
                     "resources": {"requests": {"cpu": "10m"}}}]}})
 
@@ -127,7 +134,7 @@ def _replica_set(name: str) -> dict[str, Any]:
     return {"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": name},
             "spec": {"replicas": GANG, "selector": {"matchLabels": labels},
                      "template": {"metadata": {"labels": labels}, "spec": {
-                         "schedulerName": "kai-scheduler",
+                         "schedulerName": SCHEDULER,
                          "containers": [{"name": "main", "image": "busybox",
                                          "resources": {"requests": {"cpu": "10m"}}}]}}}}
 
