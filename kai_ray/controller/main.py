@@ -21,42 +21,65 @@ from kai_ray.grouping import GroupingConfig
 from kai_ray.k8s import config_file
 from kai_ray.k8s.cache import ClusterCache
 from kai_ray.k8s.client import api_client
+from kai_ray.k8s.ratelimit import validate
 
 log = logging.getLogger("kai_ray")
 
 
 def load_config(path: str | None) -> LoopConfig:
     """The loop's configuration from the YAML file (see kai_ray.k8s.config_file)."""
-    core, period = config_file.read(path)
+    return _loop_config(config_file.load(path))
+
+
+def _loop_config(file: config_file.ConfigFile) -> LoopConfig:
+    core, period = file.scheduler()
     return LoopConfig(period_s=period, core=core)
 
 
-def client_connection(args: argparse.Namespace) -> config_file.ClientConnection:
+def client_connection(args: argparse.Namespace,
+                      file: config_file.ConfigFile | None = None) -> config_file.ClientConnection:
     """The client's rate limit: --kube-api-qps/--kube-api-burst when given, else the config
-    file's clientConnection, else kube-scheduler's defaults (50, 100)."""
-    conn = config_file.client_connection(getattr(args, "config", None))
+    file's clientConnection (`file`, else the file --config names), else kube-scheduler's
+    defaults (50, 100). The values are checked together, the error naming where each came
+    from: a flag can make the file's other value wrong (a limiting QPS with burst 0)."""
+    if file is None:
+        file = config_file.load(getattr(args, "config", None))
+    conn = file.client_connection()
     qps = getattr(args, "kube_api_qps", None)
     burst = getattr(args, "kube_api_burst", None)
-    return config_file.ClientConnection(conn.qps if qps is None else qps,
-                                        conn.burst if burst is None else burst)
-
-
-def api_clients(args: argparse.Namespace) -> tuple[ApiClient, ApiClient]:
-    """(client for everything, client for events), each with its own token bucket of the same
-    QPS and burst, as kube-scheduler builds its clientset and its event clientset."""
-    conn = client_connection(args)
+    key = f"clientConnection.{{}} in {file.path}" if file.path else "clientConnection.{}"
     try:
-        return (api_client(args.kubeconfig, qps=conn.qps, burst=conn.burst),
-                api_client(args.kubeconfig, pool_size=8, qps=conn.qps, burst=conn.burst))
+        checked = validate(conn.qps if qps is None else qps, conn.burst if burst is None else burst,
+                           key.format("qps") if qps is None else "--kube-api-qps",
+                           key.format("burst") if burst is None else "--kube-api-burst")
     except ValueError as e:
         raise SystemExit(f"kai-ray run: {e}") from None
+    return config_file.ClientConnection(*checked)
+
+
+def api_clients(args: argparse.Namespace, conn: config_file.ClientConnection | None = None
+                ) -> tuple[ApiClient, ApiClient]:
+    """(client for everything, client for events), each with its own token bucket of the same
+    QPS and burst, as kube-scheduler builds its clientset and its event clientset. `conn`:
+    the rate limit when the caller has it already (else read from the flags and --config)."""
+    if conn is None:
+        conn = client_connection(args)
+    return (api_client(args.kubeconfig, qps=conn.qps, burst=conn.burst),
+            api_client(args.kubeconfig, pool_size=8, qps=conn.qps, burst=conn.burst))
+
+
+def run_settings(args: argparse.Namespace
+                 ) -> tuple[LoopConfig, config_file.ClientConnection]:
+    """The loop's configuration and the client's rate limit, from one read of --config."""
+    file = config_file.load(getattr(args, "config", None))
+    return _loop_config(file), client_connection(args, file)
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    api, events_api = api_clients(args)
-    loop_config = load_config(getattr(args, "config", None))
+    loop_config, conn = run_settings(args)
+    api, events_api = api_clients(args, conn)
     metrics = SchedulerMetrics()
     cache = ClusterCache(api)
     try:

@@ -7,8 +7,8 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Mapping
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 from kubernetes import client, dynamic
@@ -27,6 +27,39 @@ from kai_ray.k8s.events import EventRecorder
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 RESYNC_SECONDS = 10.0
+
+
+class PassWrites:
+    """The PodGroup writes of one grouping pass, by namespace/name. Pods of one gang usually
+    arrive together (a RayCluster's or ReplicaSet's pods are created at once): the first pod to
+    reach its PodGroup writes it, the others wait for that write and share its outcome, instead
+    of each sending a create that all but one see refused (409) and then a read and a replace."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._writes: dict[str, Future[None]] = {}
+
+    def once(self, key: str, write: Callable[[], None]) -> bool:
+        """Run `write` unless another pod of this pass did (or does) for `key`; then wait for
+        it, raising what it raised. True when this call wrote. No deadlock: a key's future
+        exists only once its writer runs."""
+        with self._lock:
+            done = self._writes.get(key)
+            if done is None:
+                done = self._writes[key] = Future()
+                mine = True
+            else:
+                mine = False
+        if not mine:
+            done.result()
+            return False
+        try:
+            write()
+        except BaseException as e:
+            done.set_exception(e)
+            raise
+        done.set_result(None)
+        return True
 
 
 class PodGrouper:
@@ -105,12 +138,13 @@ class PodGrouper:
                     and key not in keys - dirty:
                 continue  # a status update of an already grouped pod
             todo.append((key, pod))
-        # pods are independent (two pods of one owner meet at the PodGroup create: 409 is fine)
-        return sum(self.pool.map(lambda item: self._group_one(*item), todo))
+        # pods are independent but for their PodGroup, which one pod per gang writes
+        writes = PassWrites()
+        return sum(self.pool.map(lambda item: self._group_one(*item, writes), todo))
 
-    def _group_one(self, key: str, pod: Obj) -> int:
+    def _group_one(self, key: str, pod: Obj, writes: PassWrites) -> int:
         try:
-            self._group(pod)
+            self._group(pod, writes)
             return 1
         except RayClusterPending as e:
             log.info("%s", e)
@@ -138,15 +172,23 @@ class PodGrouper:
                 out[cluster] = f"{m.get('namespace')}/{m['name']}"
         return set(out.values())
 
-    def _group(self, pod: Obj) -> None:
+    def _group(self, pod: Obj, writes: PassWrites) -> None:
         owners = resolve_top_owner(pod, self.get_owner)
         classes = {pc["metadata"]["name"] for pc in self.cache.priority_classes.values()}
         ns = pod["metadata"]["namespace"]
         grouping = group_pod(pod, owners, classes, self.config, self.namespace_labels(ns))
         for warning in grouping.warnings:
             self.events.emit(pod, "PodGrouperWarning", warning, type_="Warning")
-        desired = grouping.podgroup
         name = grouping.name
+        writes.once(f"{ns}/{name}", lambda: self._write_podgroup(ns, name, grouping.podgroup))
+        patch = grouping.pod_patch()
+        m = pod["metadata"]
+        have_ann = (m.get("annotations") or {}).get("pod-group-name")
+        have_sub = (m.get("labels") or {}).get("kai.scheduler/subgroup-name")
+        if have_ann != name or (grouping.subgroup is not None and have_sub != grouping.subgroup):
+            rawapi.patch_pod(self.api, ns, m["name"], patch)
+
+    def _write_podgroup(self, ns: str, name: str, desired: Obj) -> None:
         current = self.cache.podgroups.get(f"{ns}/{name}")
         if current is None:
             # create first: for a new owner (the common case) that is one request, not a GET
@@ -163,9 +205,3 @@ class PodGrouper:
             if updated is not None:
                 self.custom.replace_namespaced_custom_object(PG_GROUP, PG_VERSION, ns,
                                                              PG_PLURAL, name, updated)
-        patch = grouping.pod_patch()
-        m = pod["metadata"]
-        have_ann = (m.get("annotations") or {}).get("pod-group-name")
-        have_sub = (m.get("labels") or {}).get("kai.scheduler/subgroup-name")
-        if have_ann != name or (grouping.subgroup is not None and have_sub != grouping.subgroup):
-            rawapi.patch_pod(self.api, ns, m["name"], patch)

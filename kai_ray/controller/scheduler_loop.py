@@ -24,7 +24,6 @@ from kai_ray.k8s.suspend import DEMAND_ANNOTATION, Suspender, wants_suspend
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 ASSUME_SECONDS = 30.0
-GROUPER_IDLE_S = 0.1  # how often the grouper thread looks for new pods when idle
 
 
 @dataclass
@@ -194,20 +193,19 @@ class SchedulerLoop:
         """The pod grouper beside the cycles, not inside them: new pods get their PodGroups
         while the binder works, and a long bind phase does not hold back grouping."""
         assert self.grouper is not None
-        last = 0.0
+        wake = self.cache.pods_to_group  # set by pod events that can change grouping
         while not self.stopping.is_set():
+            if is_leader is not None and not is_leader():
+                self.stopping.wait(self.config.period_s)
+                continue
+            last = time.monotonic()
+            try:
+                self.grouper.run_once()
+            except Exception:  # one bad pass must not stop grouping
+                log.exception("pod grouping failed")
             # new or changed pods at once; otherwise a pass per cycle period (retries of failed
             # pods, owner resyncs), as often as when the grouper ran inside the cycle
-            due = bool(self.cache.dirty_pods) or \
-                time.monotonic() - last >= self.config.period_s
-            if due and (is_leader is None or is_leader()):
-                last = time.monotonic()
-                try:
-                    self.grouper.run_once()
-                except Exception:  # one bad pass must not stop grouping
-                    log.exception("pod grouping failed")
-            else:
-                self.stopping.wait(GROUPER_IDLE_S)
+            wake.wait(max(0.0, last + self.config.period_s - time.monotonic()))
 
     def run(self, is_leader: Any = None) -> None:
         if self.grouper is not None and (self._grouping is None
@@ -228,6 +226,9 @@ class SchedulerLoop:
 
     def stop(self) -> None:
         self.stopping.set()
+        wake = getattr(self.cache, "pods_to_group", None)
+        if wake is not None:
+            wake.set()  # the grouper thread waits on it
 
 
 def convert_intent(pg: Obj) -> bool:

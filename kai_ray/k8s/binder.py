@@ -112,7 +112,8 @@ class Binder:
                 # one Binding is atomic: nothing can be left half done, no intent needed
                 done = self._bind_gang(pg, binds, pods, intent=False)
                 if done and stamp:
-                    self._annotate_quietly(pg, stamp)
+                    rawapi.annotate_quietly(self.api, PG_GROUP, PG_VERSION, PG_PLURAL,
+                                            "PodGroup", pg, stamp)
                 return done
             try:
                 self.write_intent(pg, binds)
@@ -127,14 +128,6 @@ class Binder:
             return sum(one(job, binds) for job, binds in by_job.items())
         futures = [self.pool.submit(one, job, binds) for job, binds in by_job.items()]
         return sum(f.result() for f in futures)
-
-    def _annotate_quietly(self, pg: Obj, annotations: Mapping[str, str | None]) -> None:
-        try:
-            self._patch_pg_annotations(pg, annotations)
-        except ApiException as e:
-            if e.status != 404:
-                log.warning("PodGroup %s annotations %s not written: %s",
-                            pg["metadata"]["name"], sorted(annotations), e.status)
 
     def _bind_gang(self, pg: Obj, binds: list[Bind], pods: dict[str, Obj],
                    intent: bool = True, started: dict[str, str] | None = None) -> int:

@@ -32,10 +32,15 @@ def _key(obj: Obj) -> str:
     return f"{ns}/{m['name']}" if ns else m["name"]
 
 
-class Informer:
-    """One kind of object, kept current in `items` by a background thread."""
+OnChange = Callable[[str, Obj, "Obj | None"], None]  # (event, object, the one it replaced)
 
-    def __init__(self, name: str, list_fn: ListFn, on_change: Callable[[str, Obj], None],
+
+class Informer:
+    """One kind of object, kept current in `items` by a background thread. `on_change` hears
+    each event with the object the cache held before (None: it had none), so a hook can tell
+    what changed."""
+
+    def __init__(self, name: str, list_fn: ListFn, on_change: OnChange,
                  watch_timeout: int = 300) -> None:
         self.name = name
         self.list_fn = list_fn
@@ -68,12 +73,11 @@ class Informer:
         body = json.loads(resp.data)
         fresh = {_key(o): o for o in body.get("items") or []}
         with self.lock:
-            gone = set(self.items) - set(fresh)
-            self.items = fresh
-        for key in gone:
-            self.on_change("DELETED", {"metadata": {"name": key.split("/")[-1]}})
-        for obj in fresh.values():
-            self.on_change("ADDED", obj)
+            before, self.items = self.items, fresh
+        for key in set(before) - set(fresh):
+            self.on_change("DELETED", before[key], before[key])
+        for key, obj in fresh.items():
+            self.on_change("ADDED", obj, before.get(key))
         self.synced.set()
         rv: str = (body.get("metadata") or {}).get("resourceVersion", "")
         return rv
@@ -112,10 +116,11 @@ class Informer:
                     key = _key(obj)
                     with self.lock:
                         if kind == "DELETED":
-                            self.items.pop(key, None)
+                            old = self.items.pop(key, None)
                         else:
+                            old = self.items.get(key)
                             self.items[key] = obj
-                    self.on_change(kind, obj)
+                    self.on_change(kind, obj, old)
                 backoff = 0.5
             except ApiException as e:
                 if e.status == 410:
@@ -143,8 +148,11 @@ class ClusterCache:
         custom = client.CustomObjectsApi(api)
         sched = client.SchedulingV1Api(api)
         self.changed = threading.Event()
-        # pods whose PodGroup membership must be (re)computed by the pod grouper
+        # pods whose PodGroup membership must be (re)computed by the pod grouper, and the
+        # grouper's wake-up: set (and counted) only for pod events that can change grouping
         self.dirty_pods: set[str] = set()
+        self.pods_to_group = threading.Event()
+        self.grouping_wakeups = 0
         self._dirty_lock = threading.Lock()
         self.nodes = Informer("nodes", core.list_node, self._touch)
         self.pods = Informer("pods", core.list_pod_for_all_namespaces, self._pod_changed)
@@ -158,18 +166,21 @@ class ClusterCache:
         self.informers = [self.nodes, self.pods, self.podgroups, self.queues,
                           self.priority_classes]
 
-    def _touch(self, kind: str, obj: Obj) -> None:
+    def _touch(self, kind: str, obj: Obj, old: Obj | None) -> None:
         self.changed.set()
 
-    def _pod_changed(self, kind: str, obj: Obj) -> None:
-        if kind != "DELETED" and convert.is_ours(obj):
+    def _pod_changed(self, kind: str, obj: Obj, old: Obj | None) -> None:
+        if kind != "DELETED" and convert.is_ours(obj) and may_regroup(obj, old):
             with self._dirty_lock:
                 self.dirty_pods.add(_key(obj))
+                self.grouping_wakeups += 1
+                self.pods_to_group.set()
         self.changed.set()
 
     def take_dirty_pods(self) -> list[str]:
         with self._dirty_lock:
             keys, self.dirty_pods = sorted(self.dirty_pods), set()
+            self.pods_to_group.clear()
         return keys
 
     def check_crds(self) -> None:
@@ -273,6 +284,22 @@ class ClusterCache:
                                                 "spec", str(e)))
         return Snapshot(tuple(nodes), tuple(queues), tuple(jobs),
                         tuple(classes.items())), problems, podgroups
+
+
+# what the pod grouper reads from a pod: its owners, and labels and annotations (queue,
+# priority, preemptibility, subgroup, pod-group-name). The rest changes with binds and status
+# (nodeName, conditions, phase), which no grouping depends on.
+GROUPING_FIELDS = ("ownerReferences", "labels", "annotations")
+
+
+def may_regroup(pod: Obj, old: Obj | None) -> bool:
+    """Whether `pod` (replacing `old` in the cache) may need grouping: a pod new to the cache,
+    or one whose owners, labels or annotations changed. A deleted pod needs none: the grouper
+    skips pods the cache no longer holds."""
+    if old is None:
+        return True
+    m, o = pod.get("metadata") or {}, old.get("metadata") or {}
+    return any(m.get(f) != o.get(f) for f in GROUPING_FIELDS)
 
 
 def _fields(node: Node) -> dict[str, Any]:

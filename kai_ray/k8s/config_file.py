@@ -16,7 +16,7 @@ import yaml
 
 from kai_ray.core.model import NodePlacement, SchedulerConfig
 from kai_ray.core.packing import POLICIES
-from kai_ray.k8s.ratelimit import DEFAULT_BURST, DEFAULT_QPS
+from kai_ray.k8s.ratelimit import DEFAULT_BURST, DEFAULT_QPS, validate
 
 KEYS = {"cyclePeriodSeconds", "placement", "stalenessGracePeriodSeconds", "actions",
         "maxConsolidationPreemptees", "gpuPacking", "clientConnection"}
@@ -32,19 +32,47 @@ class ClientConnection:
     burst: int = DEFAULT_BURST
 
 
-def _load(path: str) -> dict[str, Any]:
+@dataclass(frozen=True)
+class ConfigFile:
+    """The file parsed once (top-level keys checked); each section is checked when read, so a
+    tool that needs only the scheduler's keys is not stopped by a bad clientConnection."""
+
+    path: str | None
+    raw: dict[str, Any]
+
+    def scheduler(self) -> tuple[SchedulerConfig, float]:
+        """(core configuration, cycle period in seconds); defaults when there is no file."""
+        return _scheduler(self.raw, self.path)
+
+    def client_connection(self) -> ClientConnection:
+        """clientConnection {qps, burst}; kube-scheduler's defaults (50, 100) when absent."""
+        return _client_connection(self.raw, self.path)
+
+
+def load(path: str | None) -> ConfigFile:
+    """Read and parse `path` (no file: every default)."""
+    if not path:
+        return ConfigFile(None, {})
     raw: Any = yaml.safe_load(Path(path).read_text()) or {}
     if not isinstance(raw, dict):
         raise SystemExit(f"{path}: expected a mapping")
     unknown = set(raw) - KEYS
     if unknown:
         raise SystemExit(f"{path}: unknown key(s) {sorted(unknown)}; known: {sorted(KEYS)}")
-    return raw
+    return ConfigFile(path, raw)
 
 
 def client_connection(path: str | None) -> ClientConnection:
-    """clientConnection {qps, burst}; kube-scheduler's defaults (50, 100) when absent."""
-    raw = _load(path) if path else {}
+    """clientConnection of the file at `path` (see ConfigFile.client_connection)."""
+    return load(path).client_connection()
+
+
+def read(path: str | None) -> tuple[SchedulerConfig, float]:
+    """The scheduler's keys of the file at `path` (see ConfigFile.scheduler)."""
+    return load(path).scheduler()
+
+
+def _client_connection(raw: dict[str, Any], path: str | None) -> ClientConnection:
     conn = raw.get("clientConnection") or {}
     if not isinstance(conn, dict):
         raise SystemExit(f"{path}: clientConnection: expected a mapping with qps and burst")
@@ -52,21 +80,17 @@ def client_connection(path: str | None) -> ClientConnection:
     if unknown:
         raise SystemExit(f"{path}: clientConnection: unknown key(s) {sorted(unknown)}; "
                          "known: ['burst', 'qps']")
-    qps, burst = conn.get("qps", DEFAULT_QPS), conn.get("burst", DEFAULT_BURST)
-    if isinstance(qps, bool) or not isinstance(qps, int | float) or qps == 0:
-        raise SystemExit(f"{path}: clientConnection.qps: expected a positive number "
-                         f"(or -1 for no limit), got {qps!r}")
-    if isinstance(burst, bool) or not isinstance(burst, int) or (qps > 0 and burst < 1):
-        raise SystemExit(f"{path}: clientConnection.burst: expected an integer >= 1, "
-                         f"got {burst!r}")
-    return ClientConnection(float(qps), burst)
+    try:
+        qps, burst = validate(conn.get("qps", DEFAULT_QPS), conn.get("burst", DEFAULT_BURST),
+                              "clientConnection.qps", "clientConnection.burst")
+    except ValueError as e:
+        raise SystemExit(f"{path}: {e}") from None
+    return ClientConnection(qps, burst)
 
 
-def read(path: str | None) -> tuple[SchedulerConfig, float]:
-    """(core configuration, cycle period in seconds); defaults when `path` is empty."""
-    if not path:
+def _scheduler(raw: dict[str, Any], path: str | None) -> tuple[SchedulerConfig, float]:
+    if not raw:
         return SchedulerConfig(), DEFAULT_PERIOD_S
-    raw = _load(path)
     placement = raw.get("placement") or {}
     for key, value in placement.items():
         if key not in ("gpu", "cpu") or value not in ("binpack", "spread"):

@@ -19,10 +19,10 @@ DEFAULT_BURST = 100
 class TokenBucket:
     def __init__(self, qps: float, burst: int, clock: Callable[[], float] = time.monotonic,
                  sleep: Callable[[float], None] = time.sleep) -> None:
-        if qps <= 0:
-            raise ValueError(f"qps must be > 0, got {qps}")
-        if burst < 1:
-            raise ValueError(f"burst must be >= 1 when qps is set, got {burst}")
+        qps, burst = validate(qps, burst)
+        if qps < 0:
+            raise ValueError("kube-api-qps: a negative QPS means no limit, which is no bucket "
+                             "(use bucket())")
         self.qps = float(qps)
         self.burst = int(burst)
         self._clock = clock
@@ -70,13 +70,23 @@ class RateLimitedApiClient(client.ApiClient):
         return super().call_api(*args, **kwargs)
 
 
+def validate(qps: object, burst: object, qps_name: str = "kube-api-qps",
+             burst_name: str = "kube-api-burst") -> tuple[float, int]:
+    """The one check of a rate limit, wherever it comes from (flags, the config file, code);
+    `qps_name`/`burst_name` say where, so the error names the flag or key to fix. client-go's
+    rule: a negative QPS means no limit. Zero is refused (client-go would silently use 5) so
+    that a missing value is not mistaken for a choice; the burst must be an integer >= 1 when
+    the QPS limits. Returns (qps, burst) as float and int."""
+    if isinstance(qps, bool) or not isinstance(qps, int | float) or qps == 0 or qps != qps:
+        raise ValueError(f"{qps_name}: expected a positive number (or -1 for no limit), "
+                         f"got {qps!r}")
+    if isinstance(burst, bool) or not isinstance(burst, int) or (qps > 0 and burst < 1):
+        raise ValueError(f"{burst_name}: expected an integer >= 1 when {qps_name} limits, "
+                         f"got {burst!r}")
+    return float(qps), burst
+
+
 def bucket(qps: float, burst: int) -> TokenBucket | None:
-    """client-go's rule: a negative QPS means no limit. Zero is refused here (client-go would
-    silently use 5) so that a missing value is not mistaken for a choice."""
-    if qps < 0:
-        return None
-    if qps == 0:
-        raise ValueError("kube-api-qps: 0 is not a rate; give a positive QPS or -1 for no limit")
-    if burst < 1:
-        raise ValueError(f"kube-api-burst: must be >= 1 when kube-api-qps is set, got {burst}")
-    return TokenBucket(qps, burst)
+    """The bucket of a checked rate limit (see `validate`); None for no limit."""
+    qps, burst = validate(qps, burst)
+    return None if qps < 0 else TokenBucket(qps, burst)

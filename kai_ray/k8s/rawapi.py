@@ -4,11 +4,14 @@ itself. Authentication, the connection pool and the client's rate limit stay the
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Mapping
 from typing import Any
 
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
 
@@ -57,3 +60,20 @@ def patch_custom(api: client.ApiClient, group: str, version: str, namespace: str
 def create_custom(api: client.ApiClient, group: str, version: str, namespace: str, plural: str,
                   body: Obj) -> None:
     request(api, "POST", f"/apis/{group}/{version}/namespaces/{namespace}/{plural}", body)
+
+
+def annotate_quietly(api: client.ApiClient, group: str, version: str, plural: str, kind: str,
+                     obj: Obj, annotations: Mapping[str, str | None]) -> bool:
+    """Merge `annotations` (None removes a key) into `obj`'s, for writes a later cycle repeats
+    or can do without: an object already deleted (404) is ignored, any other refusal is logged,
+    never raised. True when written."""
+    m = obj["metadata"]
+    try:
+        patch_custom(api, group, version, m["namespace"], plural, m["name"],
+                     {"metadata": {"annotations": dict(annotations)}})
+    except ApiException as e:
+        if e.status != 404:
+            log.warning("%s %s annotations %s not written: %s", kind, m["name"],
+                        sorted(annotations), e.status)
+        return False
+    return True

@@ -143,15 +143,9 @@ class StatusWriter:
                                  api_version=f"{PG_GROUP}/{PG_VERSION}")
 
     def _annotate(self, pg: Obj | None, key: str, value: str | None) -> None:
-        if pg is None:
-            return
-        m = pg["metadata"]
-        try:
-            rawapi.patch_custom(self.api, PG_GROUP, PG_VERSION, m["namespace"], PG_PLURAL,
-                                m["name"], {"metadata": {"annotations": {key: value}}})
-        except ApiException as e:
-            if e.status != 404:
-                log.warning("PodGroup %s annotation %s not written: %s", m["name"], key, e.status)
+        if pg is not None:
+            rawapi.annotate_quietly(self.api, PG_GROUP, PG_VERSION, PG_PLURAL, "PodGroup", pg,
+                                    {key: value})
 
     # ------------------------------------------------------------------ queues
     def queues(self, shares: dict[str, QueueShare], queue_objs: Iterable[Obj],

@@ -15,6 +15,7 @@ from kai_ray.controller.scheduler_loop import LoopConfig, SchedulerLoop
 class _Cache:
     def __init__(self) -> None:
         self.dirty_pods: set[str] = set()
+        self.pods_to_group = threading.Event()
 
 
 class _Grouper:
@@ -24,6 +25,7 @@ class _Grouper:
 
     def run_once(self) -> int:
         self.passes.append(time.monotonic())
+        self.cache.pods_to_group.clear()
         n = len(self.cache.dirty_pods)
         self.cache.dirty_pods = set()
         return n
@@ -43,6 +45,7 @@ def _run(period: float, seconds: float, leader: bool = True,
         time.sleep(new_pod_at)
         added = time.monotonic()
         cache.dirty_pods.add("ns/new")
+        cache.pods_to_group.set()
         time.sleep(seconds - new_pod_at)
     else:
         time.sleep(seconds)
@@ -61,6 +64,19 @@ def test_a_new_pod_is_grouped_without_waiting_for_the_period() -> None:
     assert added is not None
     later = [t for t in grouper.passes if t >= added]
     assert later and later[0] - added < 0.5
+
+
+def test_stop_wakes_a_waiting_grouper() -> None:
+    cache = _Cache()
+    loop = SchedulerLoop(client.ApiClient(client.Configuration()), cache,  # type: ignore[arg-type]
+                         LoopConfig(period_s=60.0))
+    loop.grouper = _Grouper(cache)
+    t = threading.Thread(target=loop._group_forever, args=(None,), daemon=True)
+    t.start()
+    time.sleep(0.2)
+    loop.stop()
+    t.join(2)
+    assert not t.is_alive() and len(loop.grouper.passes) == 1
 
 
 def test_a_standby_does_not_group() -> None:

@@ -202,3 +202,66 @@ def test_events_are_written_off_the_caller_path_every_one_once(server: str) -> N
     assert names == sorted(f"p{i}" for i in range(40))
     assert all(b["reason"] == "Scheduled" and b["source"]["component"] == "kai-scheduler"
                for _, b in posts)
+
+
+def test_run_reads_the_config_file_once_and_uses_it(tmp_path: Path, monkeypatch) -> None:
+    """`kai-ray run` parses --config once: the loop's keys and clientConnection both come from
+    that read (up to the cache start, which fails here: there is no cluster)."""
+    import yaml
+
+    from kai_ray.controller import main
+
+    parses = []
+    real = yaml.safe_load
+
+    def counting(text: object) -> object:
+        parses.append(text)
+        return real(text)
+
+    seen: list[RateLimitedApiClient] = []
+
+    class NoCluster:
+        def __init__(self, api: RateLimitedApiClient) -> None:
+            seen.append(api)
+
+        def start(self) -> None:
+            raise RuntimeError("no cluster here")
+
+    monkeypatch.setattr(yaml, "safe_load", counting)
+    monkeypatch.setattr(main, "ClusterCache", NoCluster)
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("cyclePeriodSeconds: 3\nclientConnection: {qps: 300, burst: 600}\n")
+    args = build_parser().parse_args(["run", "--kubeconfig",
+                                      _kubeconfig(tmp_path, "http://127.0.0.1:1"),
+                                      "--config", str(cfg), "--kube-api-burst", "9"])
+    assert main.cmd_run(args) == 2
+    assert parses.count(cfg.read_text()) == 1  # (the kubeconfig is YAML too)
+    (api,) = seen
+    assert api.limiter is not None and (api.limiter.qps, api.limiter.burst) == (300, 9)
+
+
+@pytest.mark.parametrize("config,flags,names", [
+    ("", ["--kube-api-burst", "0"], "--kube-api-burst"),
+    ("", ["--kube-api-qps", "0"], "--kube-api-qps"),
+    # the file alone is fine (no limit needs no burst); the flag makes its burst wrong
+    ("clientConnection: {qps: -1, burst: 0}", ["--kube-api-qps", "5"],
+     "clientConnection.burst in {cfg}"),
+    ("clientConnection: {qps: true}", [], "clientConnection.qps"),
+    ("clientConnection: {burst: 2.5}", [], "clientConnection.burst"),
+])
+def test_bad_rate_limit_names_the_flag_or_key(tmp_path: Path, config: str, flags: list[str],
+                                              names: str) -> None:
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(config + "\n")
+    args = build_parser().parse_args(["run", "--config", str(cfg), *flags])
+    with pytest.raises(SystemExit) as e:
+        client_connection(args)
+    assert names.format(cfg=cfg) + ": expected" in str(e.value)
+
+
+def test_the_limiter_checks_with_the_same_rule() -> None:
+    with pytest.raises(ValueError, match="kube-api-qps: expected a positive number"):
+        TokenBucket(qps=0, burst=1)
+    with pytest.raises(ValueError, match="kube-api-burst: expected an integer >= 1"):
+        bucket(5, 0)
+    assert bucket(-1, 0) is None
