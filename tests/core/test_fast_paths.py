@@ -17,6 +17,7 @@ from kai_ray.core.actions import solver
 from kai_ray.core.model import PodStatus, SchedulerConfig, Snapshot
 from kai_ray.core.result import CycleResult
 from kai_ray.core.schedule import schedule
+from kai_ray.core.state import JobState, Session
 from kai_ray.sim.runner import advance
 from kai_ray.sim.synthetic import cluster
 
@@ -43,10 +44,11 @@ def _config(spread: bool) -> SchedulerConfig:
                                                          gpu=strategy, cpu=strategy))
 
 
-def _gangs_of_running(snapshot: Snapshot, seed: int) -> Snapshot:
+def _gangs_of_running(snapshot: Snapshot, seed: int, whole: bool = False) -> Snapshot:
     """The running single pods of a synthetic cluster joined into elastic gangs of 1-4 (pods of
     one gang may sit on different nodes and share devices with other gangs), so victims are
-    taken a pod at a time and recorded victims leave part of their job behind."""
+    taken a pod at a time and recorded victims leave part of their job behind (with `whole`,
+    every gang is at its minimum: taken whole)."""
     rng = random.Random(seed)
     running = [j for j in snapshot.jobs if j.name.startswith("pg-run-")]
     jobs = [j for j in snapshot.jobs if not j.name.startswith("pg-run-")]
@@ -54,8 +56,8 @@ def _gangs_of_running(snapshot: Snapshot, seed: int) -> Snapshot:
         size = rng.randint(1, 4)
         chunk, running = running[:size], running[size:]
         pods = tuple(p for j in chunk for p in j.pods)
-        jobs.append(dataclasses.replace(chunk[0], pods=pods,
-                                        min_member=rng.randint(1, len(pods))))
+        minimum = len(pods) if whole else rng.randint(1, len(pods))
+        jobs.append(dataclasses.replace(chunk[0], pods=pods, min_member=minimum))
     return dataclasses.replace(snapshot, jobs=tuple(jobs))
 
 
@@ -129,3 +131,40 @@ def test_the_shortcuts_are_taken():
         result = schedule(cluster(120, seed=1), _config(False), 0.0)
     assert result.evictions
     assert calls["few"] > 100 and calls["stream"] > 10 and calls["binpack"] > 50
+
+
+def test_a_carried_over_victim_stream_equals_a_fresh_one():
+    """`_VictimStream.renew` after a change to jobs read, popped but not read, and never popped:
+    the stream it leaves pops exactly what a stream built from scratch for the new state pops."""
+    snapshot = _gangs_of_running(cluster(40, seed=3, pending_per_node=2, queues=1), 3,
+                                 whole=True)
+    sess = Session(snapshot, SchedulerConfig(), 0.0)
+    scope = ("team-0", 100)
+
+    def candidates() -> list[JobState]:
+        return [j for j in sess.jobs.values() if j.priority < 100]
+
+    cache = solver.VictimCache()
+    cache.get(sess, scope, candidates)
+    stream = cache.stream(sess, scope)
+    assert stream is not None and stream.one_queue
+    for _ in range(30):
+        assert stream._more()
+    stream.reach = 20
+    never_popped = next(name for name in stream.in_source if name in stream.units)
+    for task in (stream.taken[5][0], stream.taken[25][0], stream.units[never_popped].tasks[0]):
+        sess.evict(task)
+
+    cache.get(sess, scope, candidates)
+    renewed = cache.stream(sess, scope)
+    assert renewed is stream and stream.single_takes  # carried over, not rebuilt
+    victims = cache.scopes[scope]
+    fresh = solver._VictimStream(sess, victims.queue, victims.units, cache.free)
+
+    def order(s: solver._VictimStream) -> list[tuple[str, list[str]]]:
+        while s._more():
+            pass
+        return [(job.name, [t.name for t in taken])
+                for job, taken in zip(s.jobs, s.taken, strict=True)]
+
+    assert order(renewed) == order(fresh)

@@ -606,7 +606,9 @@ class _VictimStream:
         self.sess = sess
         self.source = queue.clone()
         self.one_queue = len(self.source.live_queues()) <= 1
-        self.units = units  # each job's unit in the queue as it was cloned
+        self.units = units  # each job's current unit (the scope keeps it up to date)
+        # the unit each job has waiting in `source`, if any (kept for `renew`)
+        self.in_source = dict(units)
         self._start(free)
 
     def _start(self, free: _FreeGpus) -> None:
@@ -643,6 +645,7 @@ class _VictimStream:
         if unit is None:
             self.done = True
             return False
+        self.in_source.pop(unit.job.name, None)
         taken, rest = unit.take()
         if rest is not None:
             self.source.push(rest)
@@ -653,23 +656,32 @@ class _VictimStream:
         self.taken.append(taken)
         return True
 
-    def renew(self, queue: JobQueue[VictimUnit], free: _FreeGpus, touched: set[str]) -> bool:
+    def renew(self, free: _FreeGpus, touched: set[str]) -> bool:
         """Carry the stream over to the next state, where the jobs named in `touched` have new
-        units in `queue` (or none): their entries go, the others keep their order, and the
+        units in `units` (or none): their entries go, the others keep their order, and the
         touched jobs' new units are merged in by key. The tallies start again (free GPUs
-        changed). Only for one queue and single takes: then each kept job is exactly its one
-        entry and marking its unit dead in a fresh copy of `queue` leaves the rest to pop."""
+        changed). Only for one queue and single takes, where each job is one entry: entries
+        not read yet and the new units go back to the source, old units waiting there are
+        marked dead."""
         if not (self.one_queue and self.single_takes):
             return False
-        # only as far as prefixes read in this state: the entries after go back to the source
+        source = self.source
         kept = [i for i, job in enumerate(self.jobs[:self.reach]) if job.name not in touched]
-        source = queue.clone(without={id(self.units[self.jobs[i].name]) for i in kept
-                                      if self.jobs[i].name in self.units})
+        waiting = [job.name for job in self.jobs[self.reach:] if job.name not in touched]
+        for name in [*touched, *waiting]:
+            old = self.in_source.pop(name, None)
+            if old is not None:
+                source.dead.add(id(old))
+            unit = self.units.get(name)
+            if unit is not None:
+                source.push(unit)
+                self.in_source[name] = unit
         last = self.keys[kept[-1]] if kept else None
         new: list[tuple[tuple[int, int, float, int], JobState, list[Task]]] = []
         while last is not None and (top := self._top_key(source)) is not None and top < last:
             unit = source.pop()
             assert unit is not None
+            self.in_source.pop(unit.job.name, None)
             taken, rest = unit.take()
             if rest is not None:
                 source.push(rest)
@@ -678,7 +690,6 @@ class _VictimStream:
         entries = list(heapq.merge(((self.keys[i], self.jobs[i], self.taken[i]) for i in kept),
                                    new, key=lambda entry: entry[0]))
         single = self.single_takes
-        self.source = source
         self._start(free)
         self.single_takes = single
         for key, job, taken in entries:
@@ -934,8 +945,7 @@ class VictimCache:
             return None
         stream = self.streams.get(scope)
         touched = self.touched.pop(scope, None)
-        if stream is not None and touched is not None and not stream.renew(
-                self.scopes[scope].queue, self.free, touched):
+        if stream is not None and touched is not None and not stream.renew(self.free, touched):
             stream = None
         if stream is None:
             victims = self.scopes[scope]
