@@ -320,6 +320,7 @@ class Session:
         self.nodes = nodes
         self.node_index = {n.name: i for i, n in enumerate(nodes)}
         self._name_rank: dict[str, int] | None = None
+        self._widest: int | None = None
         count = len(nodes)
         ready = np.array([n.ready and not n.unschedulable for n in nodes], dtype=bool)
         self.schedulable = ready
@@ -407,6 +408,12 @@ class Session:
     def is_leaf(self, queue: str) -> bool:
         q = self.queues.get(queue)
         return q is not None and not q.children
+
+    def widest_gpu_node(self) -> int:
+        """The node whose GPUs have the most memory (the first of them), 0 when none."""
+        if self._widest is None:
+            self._widest = int(np.argmax(self.gpu_mem)) if len(self.nodes) else 0
+        return self._widest
 
     def name_rank(self, job_name: str) -> int:
         """A job's position among all job names in sorted order (numeric sort keys)."""

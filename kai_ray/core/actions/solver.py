@@ -241,12 +241,7 @@ class _GpuRoom:
     def __init__(self, sess: Session, base: _FreeGpus, prefix: list[Task]) -> None:
         self.sess = sess
         self.base = base
-        self.whole_needed = sorted((t.req.gpus for t in prefix if t.req.gpus), reverse=True)
-        # the cheapest a request can be anywhere (gpu-memory costs least on the biggest GPUs)
-        widest = int(np.argmax(sess.gpu_mem)) if len(sess.nodes) else 0
-        self.fractions_needed = sorted(
-            (sess.device_cost(t.req, widest) for t in prefix
-             for _ in range(t.req.fraction_devices) if t.req.is_shared), reverse=True)
+        self.whole_needed, self.fractions_needed = self.needs(sess, prefix)
         self.trivial = not self.whole_needed and not self.fractions_needed
         # free whole GPUs of the nodes and rooms of the devices the victims so far changed
         # (room 0: freed whole); the others are as in `base`, which is not copied: it can
@@ -265,6 +260,17 @@ class _GpuRoom:
         self.top_whole = {n: v for v, n in base.top_whole(len(self.whole_needed))}
         self.top_rooms: dict[tuple[int, str], int] | None = (
             {key: v for v, key in base.top_rooms(len(self.fractions_needed))})
+
+    @staticmethod
+    def needs(sess: Session, prefix: list[Task]) -> tuple[list[int], list[int]]:
+        """The prefix's whole-GPU requests and its fractions in milli of a device, largest
+        first (a fraction at its cheapest: gpu-memory costs least on the biggest GPUs)."""
+        whole = sorted((t.req.gpus for t in prefix if t.req.gpus), reverse=True)
+        widest = sess.widest_gpu_node()
+        fractions = sorted((sess.device_cost(t.req, widest) for t in prefix
+                            for _ in range(t.req.fraction_devices) if t.req.is_shared),
+                           reverse=True)
+        return whole, fractions
 
     def _room(self, devices: dict[tuple[int, str], int], key: tuple[int, str]) -> int:
         room = devices.get(key)
@@ -937,6 +943,20 @@ class VictimCache:
         self.all_freed: dict[object, _FreeGpus] = {}
         self.streams: dict[object, _VictimStream] = {}
         self.touched: dict[object, set[str]] = {}  # per stream, jobs changed since it was built
+        self.enough_all: dict[tuple[object, ...], bool] = {}
+
+    def all_enough(self, sess: Session, scope: object, all_freed: _FreeGpus,
+                   prefix: list[Task]) -> bool:
+        """Whether every candidate victim together would free enough GPUs for `prefix`
+        (`_GpuRoom.enough` over `all_freed`), remembered per scope and needs for this state."""
+        whole, fractions = _GpuRoom.needs(sess, prefix)
+        key = (scope, tuple(whole), tuple(fractions))
+        known = self.enough_all.get(key) if scope is not None else None
+        if known is None:
+            known = _GpuRoom(sess, all_freed, prefix).enough()
+            if scope is not None:
+                self.enough_all[key] = known
+        return known
 
     def stream(self, sess: Session, scope: object) -> _VictimStream | None:
         """The scope's victim stream for the current state (`get` must have been called for
@@ -972,6 +992,7 @@ class VictimCache:
             self.version = len(sess.undo)
             self.free = _FreeGpus(sess)
             self.all_freed = {}
+            self.enough_all = {}
             # streams are carried over when next used (`stream`), with every job touched since
             for key in self.streams:
                 self.touched.setdefault(key, set()).update(touched)
@@ -1044,7 +1065,7 @@ class Solver:
             result = self._try(job, prefix, recorded)
             if result is not None:
                 return result
-        if not _GpuRoom(self.sess, self._all_freed, prefix).enough():
+        if not self.cache.all_enough(self.sess, self.scope, self._all_freed, prefix):
             return None  # not even every candidate victim together would make room
         stream = self.cache.stream(self.sess, self.scope)
         victims = (stream.read(recorded, self.exhausted, room)
