@@ -4,8 +4,10 @@
 
 Prints the median wall time of `schedule()` per size (and its median CPU time, which other load
 on the machine disturbs less), and per action. `--count-calls` also counts, per action, the
-victim searches (`Solver.solve`), their prefixes and simulated scenarios, and the node choices
-(`placement.choose`) of one cycle: where the time goes, independent of machine load.
+victim searches (`Solver.solve`), their prefixes and simulated scenarios, plus the victim-stream
+entries popped (`more`) and carried over (`renew`), and the node choices (`choose`, of which
+`choose_among` among a few nodes with room and `binpack_whole` by the binpack walk) of one
+cycle: where the time goes, independent of machine load.
 """
 
 from __future__ import annotations
@@ -74,7 +76,12 @@ def _count(counts: collections.Counter[str]) -> None:
 
     for name in ("solve", "_solve_prefix", "_try"):
         counted(solver.Solver, name, True)
-    counted(placement, "choose", False)
+    # victim-stream entries popped and streams carried over to a new state
+    counted(solver._VictimStream, "_more", False)
+    counted(solver._VictimStream, "renew", False)
+    # node choices: all, among the few nodes with room, by the binpack walk
+    for name in ("choose", "_choose_among", "_binpack_whole"):
+        counted(placement, name, False)
 
 
 if __name__ == "__main__":
