@@ -6,6 +6,11 @@ task of an elastic job) at a time; every scenario evicts the recorded victims pl
 victims on one node of the latest one, then places the preemptor and the victims again
 (pipeline only): a victim that fits back where it was is left alone, one placed elsewhere is
 moved, one not placed stays evicted. An action-specific validator accepts or rejects the scenario.
+
+The same decisions, faster: the victim order is popped once per session state and shared by
+every prefix (`_VictimStream`), a prefix skips the victims that cannot yet make room for it
+without testing them one by one, and `_GpuRoom` keeps the idle-GPU filter incremental.
+tests/core/test_fast_paths.py checks each shortcut against the plain path.
 """
 
 from __future__ import annotations
@@ -597,10 +602,12 @@ class _Fits:
 
 
 class _VictimStream:
-    """A one-queue scope's victim order against one session state, popped once and read by
-    every prefix of every job tried against that state (a job that fails leaves the state as it
-    was). In one queue the order is that of the units' keys alone, so a prefix with recorded
-    victims reads the same order with their jobs' entries replaced (see `read`).
+    """A scope's victim order against one session state, popped once and read by every prefix
+    of every job tried against that state (a job that fails leaves the state as it was). In one
+    queue the order is that of the units' keys alone, so a prefix with recorded victims reads
+    the same order with their jobs' entries replaced (see `read`); with several queues only
+    prefixes whose recorded jobs were taken whole can (`covers`). After a success, a one-queue
+    stream is carried over to the new state rather than popped again (`renew`).
 
     Per entry it also tallies, from the start, what the victims so far free (whole GPUs in
     total, requests of each size the nodes could hold, milli of GPU): a prefix reads every entry
