@@ -20,7 +20,7 @@ import sys
 import time
 
 from kai_ray.core import placement
-from kai_ray.core.actions import solver
+from kai_ray.core.actions import solver, victim_stream
 from kai_ray.core.schedule import schedule
 from kai_ray.sim.synthetic import cluster
 
@@ -77,8 +77,8 @@ def _count(counts: collections.Counter[str]) -> None:
     for name in ("solve", "_solve_prefix", "_try"):
         counted(solver.Solver, name, True)
     # victim-stream entries popped and streams carried over to a new state
-    counted(solver._VictimStream, "_more", False)
-    counted(solver._VictimStream, "renew", False)
+    counted(victim_stream.VictimStream, "_more", False)
+    counted(victim_stream.VictimStream, "renew", False)
     # node choices: all, among the few nodes with room, by the binpack walk
     for name in ("choose", "_choose_among", "_binpack_whole"):
         counted(placement, name, False)

@@ -1,7 +1,8 @@
 """The core's shortcuts must not change a single decision: choosing among the few nodes the GPU
-room index leaves (placement._choose_among) against scoring every node as arrays, and reading
-a one-queue scope's victim stream (solver._VictimStream) against popping the victim queue anew
-for every prefix. Each cycle is run both ways and compared in full."""
+room index leaves, and walking many by free GPUs for binpack (placement._choose_among,
+_binpack_whole), against scoring every node as arrays; reading a scope's victim stream, carried
+over from state to state (victim_stream.VictimStream), against popping the victim queue anew for
+every prefix. Each cycle is run both ways and compared in full."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from kai_ray.core import placement
-from kai_ray.core.actions import solver
+from kai_ray.core.actions import solver, victim_stream
 from kai_ray.core.model import PodStatus, SchedulerConfig, Snapshot
 from kai_ray.core.result import CycleResult
 from kai_ray.core.schedule import schedule
@@ -108,7 +109,7 @@ def test_same_decisions_with_many_candidate_nodes(seed):
 def test_the_shortcuts_are_taken():
     """The comparison above means something only if both shortcuts run on such clusters."""
     calls = {"few": 0, "stream": 0, "binpack": 0}
-    choose_among, read = placement._choose_among, solver._VictimStream.read
+    choose_among, read = placement._choose_among, victim_stream.VictimStream.read
     binpack = placement._binpack_whole
 
     def counting_binpack(*args, **kwargs):
@@ -126,7 +127,7 @@ def test_the_shortcuts_are_taken():
 
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(placement, "_choose_among", counting_choose)
-        patch.setattr(solver._VictimStream, "read", counting_read)
+        patch.setattr(victim_stream.VictimStream, "read", counting_read)
         patch.setattr(placement, "_binpack_whole", counting_binpack)
         result = schedule(cluster(120, seed=1), _config(False), 0.0)
     assert result.evictions
@@ -159,9 +160,9 @@ def test_a_carried_over_victim_stream_equals_a_fresh_one():
     renewed = cache.stream(sess, scope)
     assert renewed is stream and stream.single_takes  # carried over, not rebuilt
     victims = cache.scopes[scope]
-    fresh = solver._VictimStream(sess, victims.queue, victims.units, cache.free)
+    fresh = victim_stream.VictimStream(sess, victims.queue, victims.units, cache.free)
 
-    def order(s: solver._VictimStream) -> list[tuple[str, list[str]]]:
+    def order(s: victim_stream.VictimStream) -> list[tuple[str, list[str]]]:
         while s._more():
             pass
         return [(job.name, [t.name for t in taken])

@@ -1,4 +1,4 @@
-"""The solver's idle-GPU filter (`_GpuRoom`) keeps only what victims change and matches against
+"""The solver's idle-GPU filter (`GpuRoom`) keeps only what victims change and matches against
 the k roomiest places; it must answer exactly like a plain greedy match over every node and
 device, computed from scratch."""
 
@@ -9,7 +9,7 @@ import random
 import pytest
 
 from kai_ray.core.actions import allocate
-from kai_ray.core.actions.solver import _FreeGpus, _GpuRoom
+from kai_ray.core.actions.gpu_room import FreeGpus, GpuRoom
 from kai_ray.core.model import (
     Job,
     Node,
@@ -79,7 +79,7 @@ def test_room_matches_a_plain_greedy_match(seed: int) -> None:
     for t in rng.sample(running, len(running) // 6):
         sess.evict(t)
     candidates = [t for t in running if t.status == PodStatus.RUNNING]
-    base = _FreeGpus(sess)
+    base = FreeGpus(sess)
     checked = 0
     for _ in range(120):
         # fractional-only prefixes half the time: they need device rooms or spare whole GPUs
@@ -90,7 +90,7 @@ def test_room_matches_a_plain_greedy_match(seed: int) -> None:
             # every pod of a few nodes: shared devices free up entirely
             nodes = set(rng.sample(range(len(sess.nodes)), 3))
             victims = [t for t in candidates if t.node in nodes]
-        room = _GpuRoom(sess, base, prefix)
+        room = GpuRoom(sess, base, prefix)
         expected = _reference(sess, prefix, victims)
         assert room.enough_with(victims) == expected
         for t in victims:
@@ -120,8 +120,8 @@ def test_a_device_freed_entirely_is_a_whole_gpu_not_also_its_old_room() -> None:
     prefix = [t for t in sess.tasks if t.status == PodStatus.PENDING]
     assert _reference(sess, prefix, [victim]) is False
     assert _reference(sess, prefix[:1], [victim]) is True
-    room = _GpuRoom(sess, _FreeGpus(sess), prefix)
+    room = GpuRoom(sess, FreeGpus(sess), prefix)
     assert room.enough_with([victim]) is False
     room.add_victim(victim)
     assert room.enough() is False
-    assert _GpuRoom(sess, _FreeGpus(sess), prefix[:1]).enough_with([victim]) is True
+    assert GpuRoom(sess, FreeGpus(sess), prefix[:1]).enough_with([victim]) is True

@@ -1,0 +1,369 @@
+"""What victims would free, as KAI's accumulated idle-GPU filter sees it, made device-aware:
+free whole GPUs per node and room per shared device (`FreeGpus`), what a set of victims frees
+(`Freed`), and the filter itself for one prefix of a job's tasks (`GpuRoom`)."""
+
+from __future__ import annotations
+
+import heapq
+from typing import TypeVar
+
+import numpy as np
+
+from kai_ray.core.state import MILLI, Session, Task
+
+_K = TypeVar("_K")
+
+
+class FreeGpus:
+    """Free whole GPUs per node and free room per shared device, sparse (a busy cluster has
+    few nodes with room). Computed once per job attempt: every prefix starts from this state.
+    The device map is only built when a fractional request needs it."""
+
+    def __init__(self, sess: Session) -> None:
+        self.sess = sess
+        free = np.where(sess.schedulable, sess.free_gpu(), 0)
+        self.whole = {int(n): int(free[n]) for n in np.flatnonzero(free > 0)}
+        self._devices: dict[tuple[int, str], int] | None = None
+        self._device_totals: tuple[int, int] | None = None
+        self._top: list[tuple[int, tuple[int, str]]] | None = None
+        self._top_count = 0
+        self._top_whole: list[tuple[int, int]] | None = None
+        self._whole_totals: tuple[int, int] | None = None
+        self._freed: Freed | None = None
+
+    @property
+    def devices(self) -> dict[tuple[int, str], int]:
+        """Room per shared device that has some (and is not entirely releasing)."""
+        if self._devices is None:
+            sess = self.sess
+            room = MILLI - sess.dev_used + sess.dev_rel
+            live = (sess.schedulable[:, None] & sess.dev_on & (sess.dev_rel < sess.dev_used)
+                    & (room > 0))
+            self._devices = {}
+            gids: dict[int, list[str]] = {}
+            for n, slot in zip(*np.nonzero(live), strict=True):
+                node = int(n)
+                if node not in gids:
+                    gids[node] = list(sess.groups[node])  # slot order = the groups' order
+                self._devices[(node, gids[node][int(slot)])] = int(room[n, slot])
+            if self._freed is not None:
+                for key, amount in self._freed.device.items():
+                    group = sess.groups[key[0]].get(key[1])
+                    if group is None:
+                        continue
+                    if amount + group.releasing >= group.used:
+                        self._devices.pop(key, None)
+                    else:
+                        self._devices[key] = MILLI - group.used + group.releasing + amount
+        return self._devices
+
+    def top_rooms(self, count: int) -> list[tuple[int, tuple[int, str]]]:
+        """The `count` roomiest shared devices (room, key), roomiest first."""
+        if count <= 0:
+            return []
+        if self._top is None or (len(self._top) < count and self._top_count < count):
+            limit = max(count, 2 * self._top_count, 32)
+            self._top = heapq.nlargest(limit, ((v, k) for k, v in self.devices.items() if v > 0))
+            self._top_count = limit
+        return self._top[:count]
+
+    def top_whole(self, count: int) -> list[tuple[int, int]]:
+        """The `count` nodes with the most free whole GPUs (gpus, node), most first."""
+        if count <= 0:
+            return []
+        if self._top_whole is None or (len(self._top_whole) < count
+                                       and len(self._top_whole) < len(self.whole)):
+            limit = max(count, 2 * len(self._top_whole or ()), 32)
+            self._top_whole = heapq.nlargest(limit, ((v, n) for n, v in self.whole.items()
+                                                     if v > 0))
+        return self._top_whole[:count]
+
+    def whole_totals(self) -> tuple[int, int]:
+        """Free whole GPUs: in total and on the roomiest node."""
+        if self._whole_totals is None:
+            self._whole_totals = (sum(self.whole.values()), max(self.whole.values(), default=0))
+        return self._whole_totals
+
+    def device_totals(self) -> tuple[int, int]:
+        """Room on partly used shared devices: in total and on the roomiest device."""
+        if self._device_totals is None:
+            rooms = [v for v in self.devices.values() if v > 0]
+            self._device_totals = (sum(rooms), max(rooms, default=0))
+        return self._device_totals
+
+    def with_freed(self, freed: Freed) -> FreeGpus:
+        """The same after every victim counted in `freed` is gone."""
+        out = FreeGpus.__new__(FreeGpus)
+        out.sess = self.sess
+        out.whole = dict(self.whole)
+        out._devices = None
+        out._device_totals = None
+        out._top = None
+        out._top_count = 0
+        out._top_whole = None
+        out._whole_totals = None
+        out._freed = freed
+        for node, gpus in freed.whole.items():
+            if gpus:
+                out.whole[node] = out.whole.get(node, 0) + gpus
+        for key, amount in freed.device.items():
+            group = self.sess.groups[key[0]].get(key[1])
+            if group is not None and amount + group.releasing >= group.used:
+                out.whole[key[0]] = out.whole.get(key[0], 0) + 1
+        return out
+
+    def with_victims(self, sess: Session, victims: list[Task]) -> FreeGpus:
+        freed = Freed(sess)
+        for t in victims:
+            freed.add(t, +1)
+        return self.with_freed(freed)
+
+
+class Freed:
+    """What a set of victims would free: whole GPUs per node and room per shared device,
+    kept as sums so victims can be added and removed one by one."""
+
+    __slots__ = ("device", "sess", "whole")
+
+    def __init__(self, sess: Session) -> None:
+        self.sess = sess
+        self.whole: dict[int, int] = {}
+        self.device: dict[tuple[int, str], int] = {}
+
+    def add(self, t: Task, sign: int) -> None:
+        if t.node < 0 or not self.sess.schedulable[t.node]:
+            return
+        if t.req.gpus:
+            self.whole[t.node] = self.whole.get(t.node, 0) + sign * t.req.gpus
+            return
+        for gid in t.groups:
+            key = (t.node, gid)
+            self.device[key] = self.device.get(key, 0) + sign * t.gpu_mem_cost
+
+
+class GpuRoom:
+    """KAI's accumulated idle-GPU filter, made device-aware: can the prefix's GPU requests be
+    matched greedily to what is free plus what the victims would free? Whole-GPU requests need
+    whole devices (a shared device frees up only when all its sharers go); fractional requests
+    need one device with enough room each. If not, no simulation can work."""
+
+    def __init__(self, sess: Session, base: FreeGpus, prefix: list[Task]) -> None:
+        self.sess = sess
+        self.base = base
+        self.whole_needed, self.fractions_needed = self.needs(sess, prefix)
+        self.trivial = not self.whole_needed and not self.fractions_needed
+        # free whole GPUs of the nodes and rooms of the devices the victims so far changed
+        # (room 0: freed whole); the others are as in `base`, which is not copied: it can
+        # hold every node
+        self.whole: dict[int, int] = {}
+        self.devices: dict[tuple[int, str], int] = {}
+        self.freed: dict[tuple[int, str], int] = {}
+        # running sums and maxima of `whole` and the device rooms (maxima may overestimate):
+        # the necessary conditions they give reject most prefixes without the greedy match
+        self.total_whole, self.max_whole = base.whole_totals()
+        self.total_room, self.max_room = base.device_totals() if self.fractions_needed else (0, 0)
+        # the k nodes with the most free whole GPUs and the k roomiest devices: a greedy match
+        # of k requests never uses others. Victims only add room, so both stay exact by
+        # insertion, except when a device frees up entirely (its room goes to 0, it becomes a
+        # whole GPU): then the device top is rebuilt (None)
+        self.top_whole = {n: v for v, n in base.top_whole(len(self.whole_needed))}
+        self.top_rooms: dict[tuple[int, str], int] | None = (
+            {key: v for v, key in base.top_rooms(len(self.fractions_needed))})
+
+    @staticmethod
+    def needs(sess: Session, prefix: list[Task]) -> tuple[list[int], list[int]]:
+        """The prefix's whole-GPU requests and its fractions in milli of a device, largest
+        first (a fraction at its cheapest: gpu-memory costs least on the biggest GPUs)."""
+        whole = sorted((t.req.gpus for t in prefix if t.req.gpus), reverse=True)
+        widest = sess.widest_gpu_node()
+        fractions = sorted((sess.device_cost(t.req, widest) for t in prefix
+                            for _ in range(t.req.fraction_devices) if t.req.is_shared),
+                           reverse=True)
+        return whole, fractions
+
+    def _room(self, devices: dict[tuple[int, str], int], key: tuple[int, str]) -> int:
+        room = devices.get(key)
+        return self.base.devices.get(key, 0) if room is None else room
+
+    def add_victim(self, task: Task) -> None:
+        if self.trivial or task.node < 0:
+            return
+        node = task.node
+        before = self.whole.get(node, self.base.whole.get(node, 0))
+        keys = [(node, gid) for gid in task.groups] if self.fractions_needed else []
+        rooms_before = [self._room(self.devices, key) for key in keys]
+        self.free_into(task, self.whole, self.devices, self.freed)
+        after = self.whole.get(node, self.base.whole.get(node, 0))
+        self.total_whole += after - before
+        self.max_whole = max(self.max_whole, after)
+        if after > before:
+            _raise_in_top(self.top_whole, node, after, len(self.whole_needed))
+        for key, room_before in zip(keys, rooms_before, strict=True):
+            room = self._room(self.devices, key)
+            self.total_room += room - room_before
+            self.max_room = max(self.max_room, room)
+            if self.top_rooms is None:
+                continue
+            if room > room_before:
+                _raise_in_top(self.top_rooms, key, room, len(self.fractions_needed))
+            elif room < room_before and key in self.top_rooms:
+                self.top_rooms = None
+
+    def add_victims(self, tasks: list[Task]) -> None:
+        """`add_victim` for each of `tasks`; with whole requests only, the totals and the top
+        are updated once per node (values only grow, so the final one is what counts)."""
+        if self.fractions_needed:
+            for t in tasks:
+                self.add_victim(t)
+            return
+        if self.trivial:
+            return
+        base = self.base.whole
+        before: dict[int, int] = {}
+        for t in tasks:
+            if t.node not in before:
+                before[t.node] = self.whole.get(t.node, base.get(t.node, 0))
+            self.free_into(t, self.whole, self.devices, self.freed)
+        k = len(self.whole_needed)
+        for node, old in before.items():
+            new = self.whole.get(node, base.get(node, 0))
+            if new > old:
+                self.total_whole += new - old
+                self.max_whole = max(self.max_whole, new)
+                _raise_in_top(self.top_whole, node, new, k)
+
+    def adopt(self, whole: dict[int, int], freed: dict[tuple[int, str], int]) -> None:
+        """Make the victims counted in `whole` and `freed` (overlays over `base`, as
+        `free_into` leaves them) the victims so far, in place of those added before."""
+        base = self.base
+        self.whole = dict(whole)
+        self.freed = dict(freed)
+        self.total_whole = base.whole_totals()[0] + sum(
+            v - base.whole.get(n, 0) for n, v in whole.items())
+        self.max_whole = max(base.whole_totals()[1], max(whole.values(), default=0))
+        k = len(self.whole_needed)
+        merged = list(whole.items()) + [(n, v) for v, n in base.top_whole(k + len(whole))
+                                        if n not in whole]
+        self.top_whole = dict(heapq.nlargest(k, merged, key=lambda item: item[1]))
+        if not self.fractions_needed:
+            return
+        self.devices = {}
+        for key, amount in freed.items():
+            group = self.sess.groups[key[0]].get(key[1])
+            if group is not None:
+                self.devices[key] = (0 if amount + group.releasing >= group.used
+                                     else MILLI - group.used + group.releasing + amount)
+        self.total_room = base.device_totals()[0] + sum(
+            v - base.devices.get(key, 0) for key, v in self.devices.items())
+        self.max_room = max(base.device_totals()[1], max(self.devices.values(), default=0))
+        self.top_rooms = None
+
+    def enough(self) -> bool:
+        if self.trivial:
+            return True
+        if self.whole_needed and (self.total_whole < sum(self.whole_needed)
+                                  or self.max_whole < self.whole_needed[0]):
+            return False
+        if self.fractions_needed:
+            spare = self.total_whole - sum(self.whole_needed)
+            if (self.total_room + MILLI * spare < sum(self.fractions_needed)
+                    or max(self.max_room, MILLI if spare > 0 else 0) < self.fractions_needed[0]):
+                return False
+        if self.top_rooms is None:
+            self.top_rooms = dict(self._merged_rooms(self.devices))
+        return self._greedy(list(self.top_whole.values()), list(self.top_rooms.values()),
+                            self.total_whole)
+
+    def enough_with(self, victims: list[Task]) -> bool:
+        """The same test when only `victims` go (one scenario)."""
+        if self.trivial:
+            return True
+        whole: dict[int, int] = {}
+        devices: dict[tuple[int, str], int] = {}
+        freed: dict[tuple[int, str], int] = {}
+        for t in victims:
+            self.free_into(t, whole, devices, freed)
+        return self._match(whole, devices)
+
+    def free_into(self, t: Task, whole: dict[int, int], devices: dict[tuple[int, str], int],
+                  freed: dict[tuple[int, str], int]) -> None:
+        """Count victim `t` as gone: its whole GPUs, or its share of each of its devices (a
+        device all of whose sharers go becomes a whole GPU: its room is set to 0)."""
+        sess = self.sess
+        if t.node < 0 or not sess.schedulable[t.node]:
+            return
+        base = self.base.whole
+        if t.req.gpus:
+            whole[t.node] = whole.get(t.node, base.get(t.node, 0)) + t.req.gpus
+            return
+        for gid in t.groups:
+            key = (t.node, gid)
+            freed[key] = freed.get(key, 0) + t.gpu_mem_cost
+            group = sess.groups[t.node].get(gid)
+            if group is None:
+                continue
+            if freed[key] + group.releasing >= group.used:
+                whole[t.node] = whole.get(t.node, base.get(t.node, 0)) + 1
+                devices[key] = 0
+            elif self.fractions_needed:
+                devices[key] = MILLI - group.used + group.releasing + freed[key]
+
+    def _match(self, whole: dict[int, int], devices: dict[tuple[int, str], int]) -> bool:
+        """The greedy match for one scenario's overlay (`whole`, `devices`) over `base`."""
+        tops = [v for v in whole.values() if v > 0]
+        for gpus, node in self.base.top_whole(len(self.whole_needed) + len(whole)):
+            if node not in whole:
+                tops.append(gpus)
+        base_whole = self.base.whole
+        total = (self.base.whole_totals()[0]
+                 + sum(v - base_whole.get(n, 0) for n, v in whole.items()))
+        rooms = [v for _, v in self._merged_rooms(devices)] if self.fractions_needed else []
+        return self._greedy(tops, rooms, total)
+
+    def _merged_rooms(self, devices: dict[tuple[int, str], int]
+                      ) -> list[tuple[tuple[int, str], int]]:
+        """The k roomiest devices, with the overlay `devices` over `base`."""
+        k = len(self.fractions_needed)
+        merged = [(key, v) for key, v in devices.items() if v > 0]
+        for room, key in self.base.top_rooms(k + len(devices)):
+            if key not in devices:
+                merged.append((key, room))
+        merged.sort(key=lambda item: -item[1])
+        return merged[:k]
+
+    def _greedy(self, tops: list[int], rooms: list[int], total_whole: int) -> bool:
+        """Largest request into the roomiest place: whole requests into nodes' free whole GPUs
+        (`tops` holds at least the k largest), then fractions into device rooms and the whole
+        GPUs left over. Only the k roomiest places can take part in matching k requests."""
+        heap = [-v for v in tops if v > 0]
+        heapq.heapify(heap)
+        for need in self.whole_needed:
+            most = -heapq.heappop(heap) if heap else 0
+            if most < need:
+                return False
+            heapq.heappush(heap, -(most - need))
+        if not self.fractions_needed:
+            return True
+        k = len(self.fractions_needed)
+        spare = total_whole - sum(self.whole_needed)
+        places = [-v for v in rooms if v > 0] + [-MILLI] * min(k, spare)
+        heapq.heapify(places)
+        for cost in self.fractions_needed:
+            most = -heapq.heappop(places) if places else 0
+            if most < cost:
+                return False
+            heapq.heappush(places, -(most - cost))
+        return True
+
+
+def _raise_in_top(top: dict[_K, int], key: _K, value: int, k: int) -> None:
+    """`key`'s value grew to `value`: keep `top` the k largest values (ties are equivalent)."""
+    if key in top or len(top) < k:
+        top[key] = value
+        return
+    if not top:
+        return
+    low = min(top, key=top.__getitem__)
+    if value > top[low]:
+        del top[low]
+        top[key] = value

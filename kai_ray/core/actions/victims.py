@@ -1,0 +1,82 @@
+"""Victim units: what of a victim job is still there to take, and in which pieces (KAI clones
+the victim job with those tasks), and the victim candidates of a set of jobs."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from kai_ray.core.model import PodStatus
+from kai_ray.core.state import JobState, Task
+
+_VICTIM_STATES = (PodStatus.ALLOCATED, PodStatus.BINDING, PodStatus.BOUND, PodStatus.RUNNING)
+
+
+class VictimUnit:
+    """Part of a victim job still available to take (KAI clones the job with these tasks)."""
+
+    __slots__ = ("by_set", "job", "key", "tasks")
+
+    def __init__(self, job: JobState, tasks: list[Task]) -> None:
+        self.job = job
+        self.tasks = tasks
+        self.by_set: dict[str, list[Task]] = {name: [] for name in job.podsets}
+        for t in tasks:
+            self.by_set.get(t.subgroup, self.by_set.get("default", [])).append(t)
+        self.key = (-job.priority, self._rank(), job.created, job.name)
+
+    @property
+    def queue(self) -> str:
+        return self.job.queue
+
+    def _rank(self) -> int:
+        at_min = True
+        for name, ps in self.job.podsets.items():
+            count = len(self.by_set[name])
+            if count < ps.min_member:
+                return 0
+            if count > ps.min_member:
+                at_min = False
+        return 1 if at_min else 2
+
+    def order_key(self) -> tuple[int, int, float, str]:
+        return self.key
+
+    def taken_amount(self) -> tuple[float, float, float]:
+        """What the queue loses when this unit is taken (its next tasks to evict)."""
+        taken, _ = self.take()
+        return (float(sum(t.req.cpu_m for t in taken)), float(sum(t.req.memory for t in taken)),
+                sum(t.accepted_gpu for t in taken))
+
+    def take(self) -> tuple[list[Task], VictimUnit | None]:
+        """Tasks to evict next: one extra task of a podset above its minimum (with the other
+        hosts of its replica: a replica is never split), else all."""
+        if len(self.tasks) == 1:
+            return list(self.tasks), None  # no podset is above its minimum (at least 1)
+        above = [(name, ts) for name, ts in self.by_set.items()
+                 if len(ts) > self.job.podsets[name].min_member]
+        if above:
+            _, ts = max(above, key=lambda item: (
+                len(item[1]) / self.job.podsets[item[0]].min_member, item[0]))
+            victim = max(ts, key=Task.sort_key)
+            taken = [victim] if victim.replica is None else [
+                t for t in ts if t.replica == victim.replica]
+            rest = [t for t in self.tasks if all(t is not v for v in taken)]
+            return taken, (VictimUnit(self.job, rest) if rest else None)
+        return list(self.tasks), None
+
+
+def victim_units(jobs: Iterable[JobState]) -> list[VictimUnit]:
+    """Victim candidates: pods that were already placed when the cycle began. A pod allocated
+    earlier in this same cycle is not bound yet; evicting it could split its gang's first bind."""
+    units = []
+    for job in jobs:
+        tasks = [t for t in job.tasks if t.status in _VICTIM_STATES and t.moved is None
+                 and t.orig_status in _VICTIM_STATES]
+        if tasks:
+            units.append(VictimUnit(job, tasks))
+    return units
+
+
+def unit_of(job: JobState) -> VictimUnit | None:
+    units = victim_units([job])
+    return units[0] if units else None
