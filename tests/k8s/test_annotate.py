@@ -6,9 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import ClassVar
 
 import pytest
@@ -20,48 +18,34 @@ from kai_ray.k8s.binder import Binder
 from kai_ray.k8s.cache import PG_GROUP, PG_PLURAL, PG_VERSION
 from kai_ray.k8s.events import EventRecorder
 from kai_ray.k8s.status import StatusWriter
+from tests.k8s.local_http import JsonHandler, serving
 
 PG_PATH = f"/apis/{PG_GROUP}/{PG_VERSION}/namespaces/ns/{PG_PLURAL}/pg-1"
 
 
-class _Server(BaseHTTPRequestHandler):
+class _Server(JsonHandler):
     """Answers every request with 2xx, except PodGroup patches: `pg_status`."""
 
     hits: ClassVar[list[tuple[str, str, str, dict]]] = []
     pg_status: ClassVar[int] = 200
 
-    def _answer(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        body = json.loads(self.rfile.read(length)) if length else {}
+    def answer(self, body: dict) -> tuple[int, bytes]:
         type(self).hits.append((self.command, self.path, self.headers.get("Content-Type", ""),
                                 body))
         code = 201 if self.command == "POST" else 200
         if self.command == "PATCH" and self.path.startswith(PG_PATH):
             code = type(self).pg_status
-        data = json.dumps({"kind": "Status", "code": code}).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    do_GET = do_POST = do_PATCH = _answer
-
-    def log_message(self, *args: object) -> None:
-        pass
+        return code, json.dumps({"kind": "Status", "code": code}).encode()
 
 
 @pytest.fixture
 def api() -> Iterator[client.ApiClient]:
     _Server.hits = []
     _Server.pg_status = 200
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Server)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    cfg = client.Configuration()
-    cfg.host = f"http://127.0.0.1:{httpd.server_address[1]}"
-    yield client.ApiClient(cfg)
-    httpd.shutdown()
-    httpd.server_close()
+    with serving(_Server) as url:
+        cfg = client.Configuration()
+        cfg.host = url
+        yield client.ApiClient(cfg)
 
 
 def _pg() -> dict:

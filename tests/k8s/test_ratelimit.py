@@ -9,7 +9,6 @@ import json
 import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import ClassVar
 
@@ -21,6 +20,7 @@ from kai_ray.controller.main import api_clients, client_connection
 from kai_ray.k8s import config_file
 from kai_ray.k8s.events import EventRecorder
 from kai_ray.k8s.ratelimit import RateLimitedApiClient, TokenBucket, bucket
+from tests.k8s.local_http import JsonHandler, serving
 
 
 class FakeClock:
@@ -69,38 +69,23 @@ def test_bucket_rules() -> None:
         bucket(5, 0)
 
 
-class _Counting(BaseHTTPRequestHandler):
+class _Counting(JsonHandler):
     hits: ClassVar[list[tuple[str, str, dict]]] = []
     gate: ClassVar[threading.Event] = threading.Event()  # answers wait until it is set
 
-    def _answer(self) -> None:
+    def answer(self, body: dict) -> tuple[int, bytes]:
         type(self).gate.wait(30)
-        length = int(self.headers.get("Content-Length") or 0)
-        body = json.loads(self.rfile.read(length)) if length else {}
         type(self).hits.append((self.command, self.path, body))
-        data = b'{"kind": "Status", "status": "Success"}'
-        self.send_response(201 if self.command == "POST" else 200)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    do_GET = do_POST = do_PATCH = _answer
-
-    def log_message(self, *args: object) -> None:
-        pass
+        return (201 if self.command == "POST" else 200,
+                b'{"kind": "Status", "status": "Success"}')
 
 
 @pytest.fixture
 def server() -> Iterator[str]:
     _Counting.hits = []
     _Counting.gate.set()
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), _Counting)
-    t = threading.Thread(target=httpd.serve_forever, daemon=True)
-    t.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
-    httpd.server_close()
+    with serving(_Counting) as url:
+        yield url
 
 
 def _client(host: str, limiter: TokenBucket | None) -> RateLimitedApiClient:

@@ -335,25 +335,25 @@ class GpuRoom:
         """Largest request into the roomiest place: whole requests into nodes' free whole GPUs
         (`tops` holds at least the k largest), then fractions into device rooms and the whole
         GPUs left over. Only the k roomiest places can take part in matching k requests."""
-        heap = [-v for v in tops if v > 0]
-        heapq.heapify(heap)
-        for need in self.whole_needed:
-            most = -heapq.heappop(heap) if heap else 0
-            if most < need:
-                return False
-            heapq.heappush(heap, -(most - need))
+        if not _largest_first(tops, self.whole_needed):
+            return False
         if not self.fractions_needed:
             return True
-        k = len(self.fractions_needed)
         spare = total_whole - sum(self.whole_needed)
-        places = [-v for v in rooms if v > 0] + [-MILLI] * min(k, spare)
-        heapq.heapify(places)
-        for cost in self.fractions_needed:
-            most = -heapq.heappop(places) if places else 0
-            if most < cost:
-                return False
-            heapq.heappush(places, -(most - cost))
-        return True
+        return _largest_first(rooms + [MILLI] * min(len(self.fractions_needed), spare),
+                              self.fractions_needed)
+
+
+def _largest_first(places: list[int], needs: list[int]) -> bool:
+    """Whether `needs` (largest first) each fit into the roomiest of `places` left."""
+    heap = [-v for v in places if v > 0]
+    heapq.heapify(heap)
+    for need in needs:
+        most = -heapq.heappop(heap) if heap else 0
+        if most < need:
+            return False
+        heapq.heappush(heap, -(most - need))
+    return True
 
 
 def _raise_in_top(top: dict[_K, int], key: _K, value: int, k: int) -> None:
