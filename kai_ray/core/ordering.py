@@ -86,8 +86,7 @@ def compare_queues(sess: Session, lq: QueueState, rq: QueueState,
     return -1 if lq.name < rq.name else (1 if lq.name > rq.name else 0)
 
 
-def victim_key(sess: Session, key: tuple[int, int, float, str]
-                 ) -> tuple[int, int, float, int]:
+def victim_key(sess: Session, key: tuple[int, int, float, str]) -> tuple[int, int, float, int]:
     """The victim order as a plain numeric tuple (heapq is a min-heap; comparing numbers in C
     is much cheaper than a wrapper object with __lt__): every part negated, the job name by its
     rank among the session's job names."""
@@ -133,19 +132,11 @@ class JobQueue(Generic[E]):
         for heap in self.heaps.values():
             heapq.heapify(heap)
 
-    def clone(self, without: set[int] | None = None) -> JobQueue[E]:
-        """An independent copy (heap lists are copied, so the heap order is kept), less the
-        items whose ids are in `without`."""
+    def clone(self) -> JobQueue[E]:
+        """An independent copy (heap lists are copied, so the heap order is kept)."""
         other: JobQueue[E] = JobQueue(self.sess, (), self.reverse, self.simulation)
-        if without:
-            gone = without | self.dead
-            other.heaps = {q: [e for e in h if id(e[2]) not in gone]
-                           for q, h in self.heaps.items()}
-            for heap in other.heaps.values():
-                heapq.heapify(heap)
-        else:
-            other.heaps = {q: list(h) for q, h in self.heaps.items()}
-            other.dead = set(self.dead)
+        other.heaps = {q: list(h) for q, h in self.heaps.items()}
+        other.dead = set(self.dead)
         other.seq = self.seq
         other.taken = dict(self.taken)
         other.untaken = list(self.untaken)

@@ -5,6 +5,10 @@ the node fits, nodeavailability +100 when the task fits without waiting for rele
 resourcetype +10 for a CPU-only task on a CPU-only node, and nodeplacement 0..9 (binpack: fewer
 free units scores higher, normalised over all candidate nodes; spread: free/total). Ties go to the
 node that sorts first by name (nodes are indexed in name order).
+
+A GPU task first looks up the nodes with GPU room in the session's index: a few are checked one
+by one, many are walked in binpack order for a whole-GPU task; the array pass over every node is
+what decides otherwise (and what the shortcuts are tested against).
 """
 
 from __future__ import annotations
