@@ -23,13 +23,15 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 
 from kubernetes import client
-from kubernetes.watch.watch import iter_resp_lines
 
+from kai_ray.k8s.cache import Informer
 from kai_ray.testing import binaries
 from kai_ray.testing.nodes import create_gpu_nodes, wait_nodes_ready
 from kai_ray.testing.plane import ControlPlane
@@ -127,49 +129,39 @@ def run(scheduler: str, args: argparse.Namespace) -> dict:
                 str(bins["kube-scheduler"]), f"--kubeconfig={plane.kubeconfig}",
                 "--leader-elect=false", "--secure-port=0", "--profiling=false", *rate])
         cpu_start = _cpu_by_process(plane, proc)
-        first_bind: float | None = None
-        last_bind: float | None = None
         loads: list[float] = []
         cpu_end = cpu_start
         deadline = start + args.timeout
-        # count binds from a watch (one event per pod change), not by re-listing every bound
-        # pod each time: the lists would load the API server more the longer a run lasts
-        listed = json.loads(core.list_namespaced_pod(NS, _preload_content=False).data)
-        rv = listed["metadata"]["resourceVersion"]
-        bound_names = {p["metadata"]["name"] for p in listed["items"] if p["spec"].get("nodeName")}
-        if bound_names:
-            first_bind = last_bind = time.monotonic()
-        last_print = 0.0
-        while time.monotonic() < deadline and len(bound_names) < total:
-            resp = core.list_namespaced_pod(NS, watch=True, resource_version=rv,
-                                            timeout_seconds=5, allow_watch_bookmarks=True,
-                                            _preload_content=False)
-            for line in iter_resp_lines(resp):
-                if not line:
-                    continue
-                event = json.loads(line)
-                obj = event["object"]
-                if event["type"] == "ERROR":
-                    raise RuntimeError(f"watch failed: {obj}")
-                rv = obj["metadata"]["resourceVersion"]
-                if event["type"] == "BOOKMARK" or not (obj.get("spec") or {}).get("nodeName"):
-                    continue
-                if obj["metadata"]["name"] in bound_names:
-                    continue
-                now = time.monotonic()
-                bound_names.add(obj["metadata"]["name"])
-                first_bind = first_bind or now
-                last_bind = now
-                if now - last_print > 1.0 or len(bound_names) >= total:
-                    last_print = now
-                    loads.append(os.getloadavg()[0])
-                    cpu_end = _cpu_by_process(plane, proc)
-                    print(f"  {len(bound_names)}/{total} bound at {now - start:.1f}s",
-                          file=sys.stderr)
-                if len(bound_names) >= total:
-                    break
-            resp.release_conn()
-        bound = len(bound_names)
+        # bind times from a watch (kai-ray's own informer: list once, then one event per pod
+        # change), not by re-listing every bound pod: lists would load the API server more the
+        # longer a run lasts. A pod already bound when the list arrives counts at that moment.
+        bound_at: dict[str, float] = {}
+        all_bound = threading.Event()
+
+        def on_change(kind: str, obj: dict, old: dict | None) -> None:
+            name = obj["metadata"]["name"]
+            if kind != "DELETED" and (obj.get("spec") or {}).get("nodeName") \
+                    and name not in bound_at:
+                bound_at[name] = time.monotonic()
+                if len(bound_at) >= total:
+                    all_bound.set()
+
+        pods_seen = Informer("bench-pods", partial(core.list_namespaced_pod, NS), on_change,
+                             watch_timeout=5)
+        pods_seen.start()
+        try:
+            while not all_bound.wait(1.0) and time.monotonic() < deadline:
+                loads.append(os.getloadavg()[0])
+                cpu_end = _cpu_by_process(plane, proc)
+                print(f"  {len(bound_at)}/{total} bound at {time.monotonic() - start:.1f}s",
+                      file=sys.stderr)
+            if all_bound.is_set():
+                cpu_end = _cpu_by_process(plane, proc)
+        finally:
+            pods_seen.stop()
+        first_bind = min(bound_at.values(), default=None)
+        last_bind = max(bound_at.values(), default=None)
+        bound = len(bound_at)
         e2e = (last_bind or start) - start
         cpu = {name: round(cpu_end.get(name, 0.0) - cpu_start.get(name, 0.0), 1)
                for name in cpu_end}
