@@ -8,7 +8,18 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kai_ray.core.model import Job, Node, Pod, PodStatus, Queue, Request, ResourceQuota, Snapshot
+from kai_ray.core.constraints import Requirement, Taint, Toleration
+from kai_ray.core.model import (
+    Job,
+    Node,
+    Pod,
+    PodStatus,
+    Queue,
+    Request,
+    ResourceQuota,
+    SchedulerConfig,
+    Snapshot,
+)
 from kai_ray.core.schedule import schedule
 from kai_ray.k8s.tools import Live, explain, predicted, queue_rows, scenario_of
 from kai_ray.sim.scenario import NOW, config_of, load, snapshot_of
@@ -122,3 +133,35 @@ def test_snapshot_keeps_the_gpu_packing_policy(tmp_path: Path) -> None:
     assert config_of(replayed).gpu_packing == "lookahead"
     assert predicted(schedule(snapshot_of(replayed), config_of(replayed), NOW)) == \
         predicted(schedule(original, config, NOW))
+
+
+def test_taints_tolerations_and_affinity_survive_the_snapshot_file(tmp_path: Path) -> None:
+    """A snapshot with node taints, pod tolerations and required node affinity written as a
+    scenario and read back is the same snapshot (and so decides the same)."""
+    open_ = ResourceQuota(-1, -1, 1)
+    nodes = (Node("gpu-a", 64000, 512 * 10**9, gpus=4,
+                  taints=(Taint("nvidia.com/gpu", "present", "NoSchedule"),
+                          Taint("soft", "", "PreferNoSchedule"))),
+             Node("gpu-b", 64000, 512 * 10**9, gpus=4, labels=(("zone", "b"),)))
+    req = Request(cpu_m=1000, memory=10**9, gpus=1)
+    pods = (Pod("tolerant", req, tolerations=(Toleration("nvidia.com/gpu", "Exists"),
+                                              Toleration("k", "Equal", "v", "NoExecute"))),
+            Pod("pinned", req, node_affinity=(
+                (Requirement("zone", "In", ("b",)),
+                 Requirement("metadata.name", "NotIn", ("gpu-a",), field=True)),
+                (Requirement("gpus", "Gt", ("2",)),))),
+            Pod("nowhere", req, node_affinity=()))
+    original = Snapshot(nodes, (Queue("root", gpu=open_, cpu=open_, memory=open_),
+                                Queue("q", parent="root", gpu=open_, cpu=open_, memory=open_)),
+                        tuple(Job(p.name, "q", priority=100, pods=(p,), created=float(i))
+                              for i, p in enumerate(pods)))
+    config = SchedulerConfig()
+    path = tmp_path / "snap.yaml"
+    path.write_text(yaml.safe_dump({"scenarios": [scenario_of(original, config, NOW)]}))
+    again = snapshot_of(load(path)[0])
+    assert [n.taints for n in again.nodes] == [n.taints for n in original.nodes]
+    assert [(p.tolerations, p.node_affinity) for j in again.jobs for p in j.pods] == \
+        [(p.tolerations, p.node_affinity) for p in pods]
+    want, got = schedule(original, config, NOW), schedule(again, config, NOW)
+    assert predicted(got) == predicted(want)
+    assert {b.pod: b.node for b in want.binds} == {"tolerant": "gpu-a", "pinned": "gpu-b"}

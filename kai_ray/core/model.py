@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import StrEnum
 
+from kai_ray.core.constraints import Taint, Term, Toleration
+
 UNLIMITED = -1.0
 # KAI's minNodeGpuMemory is effectively always 100 MiB (kai-spec §8); pending gpu-memory requests
 # are converted to GPUs with it for fair share, queue order and reclaim.
@@ -79,6 +81,7 @@ class Node:
     foreign_memory: int = 0
     foreign_gpus: int = 0
     foreign_pods: int = 0
+    taints: tuple[Taint, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +122,8 @@ class Pod:
     subgroup: str | None = None
     uid: str = ""
     node_selector: tuple[tuple[str, str], ...] = ()
+    tolerations: tuple[Toleration, ...] = ()
+    node_affinity: tuple[Term, ...] | None = None  # required terms; None: no constraint
     # pods of one podset with the same replica key only make sense together (the hosts of a
     # multi-host Ray replica): above the podset's minimum they are placed and evicted as a unit
     replica: str | None = None

@@ -19,6 +19,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kai_ray.core import packing_policy
+from kai_ray.core.constraints import affinity_matches, untolerated
 from kai_ray.core.state import MILLI, Group, Session, Task
 
 BoolArray = npt.NDArray[np.bool_]
@@ -42,16 +43,39 @@ class Choice:
 
 
 def _selector_mask(sess: Session, task: Task) -> BoolArray | None:
-    if not task.node_selector:
+    """Nodes matching the task's node selector and required node affinity (None: all)."""
+    if not task.node_selector and task.node_affinity is None:
         return None
-    cache: dict[tuple[tuple[str, str], ...], BoolArray] = sess.__dict__.setdefault(
-        "selector_masks", {})
-    mask = cache.get(task.node_selector)
+    key = (task.node_selector, task.node_affinity)
+    cache: dict[object, BoolArray] = sess.__dict__.setdefault("selector_masks", {})
+    mask = cache.get(key)
     if mask is None:
+        names = [n.name for n in sess.nodes]
         mask = np.array([all(labels.get(k) == v for k, v in task.node_selector)
-                         for labels in sess.node_labels], dtype=bool)
-        cache[task.node_selector] = mask
+                         and (task.node_affinity is None
+                              or affinity_matches(task.node_affinity, name, labels))
+                         for name, labels in zip(names, sess.node_labels, strict=True)],
+                        dtype=bool)
+        cache[key] = mask
     return mask
+
+
+def _taint_masks(sess: Session, task: Task) -> tuple[BoolArray | None, list[tuple[BoolArray, str]]]:
+    """Nodes whose taints the task tolerates (None: all), and per untolerated taint the mask of
+    the nodes it does not keep the task off, with Kubernetes' wording."""
+    if not any(sess.node_taints):
+        return None, []
+    cache: dict[object, tuple[BoolArray | None, list[tuple[BoolArray, str]]]] = (
+        sess.__dict__.setdefault("taint_masks", {}))
+    known = cache.get(task.tolerations)
+    if known is None:
+        first = [untolerated(taints, task.tolerations) for taints in sess.node_taints]
+        blocked = np.array([t is not None for t in first], dtype=bool)
+        per_taint = [(np.array([t != taint for t in first], dtype=bool),
+                      f"had untolerated taint {{{taint.key}: {taint.value}}}")
+                     for taint in dict.fromkeys(t for t in first if t is not None)]
+        known = cache[task.tolerations] = (~blocked if blocked.any() else None, per_taint)
+    return known
 
 
 def _device_order(sess: Session) -> str:
@@ -75,7 +99,7 @@ def _shared_candidates(sess: Session, task: Task, node: int) -> tuple[list[Group
 def _predicates(sess: Session, task: Task) -> tuple[list[tuple[BoolArray, str]], BoolArray]:
     """Each predicate as (mask of nodes that pass, KAI's reason), and the fits-on-idle mask."""
     req = task.req
-    preds: list[tuple[BoolArray, str]] = []
+    preds: list[tuple[BoolArray, str]] = list(_taint_masks(sess, task)[1])
     sel = _selector_mask(sess, task)
     if sel is not None:
         preds.append((sel, R_SELECTOR))
@@ -134,6 +158,9 @@ def fits_node(sess: Session, task: Task, node: int) -> tuple[bool, bool]:
         return False, False
     sel = _selector_mask(sess, task)
     if sel is not None and not sel[node]:
+        return False, False
+    tolerated = _taint_masks(sess, task)[0]
+    if tolerated is not None and not tolerated[node]:
         return False, False
     idle_cpu = int(sess.cap_cpu[node] - sess.used_cpu[node])
     idle_mem = int(sess.cap_mem[node] - sess.used_mem[node])

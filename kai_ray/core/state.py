@@ -38,9 +38,9 @@ class Task:
     """One pod inside the session."""
 
     __slots__ = ("accepted_gpu", "created", "gpu_mem_cost", "groups", "idx", "is_head", "job",
-                 "moved", "name", "namespace", "node", "node_selector", "orig_groups",
-                 "orig_node", "orig_status", "origin", "replica", "req", "status",
-                 "subgroup", "task_priority")
+                 "moved", "name", "namespace", "node", "node_affinity", "node_selector",
+                 "orig_groups", "orig_node", "orig_status", "origin", "replica", "req", "status",
+                 "subgroup", "task_priority", "tolerations")
 
     def __init__(self, idx: int, job: JobState, pod: Pod, node: int) -> None:
         self.idx = idx
@@ -59,6 +59,8 @@ class Task:
         self.is_head = pod.is_ray_head
         self.subgroup = pod.subgroup or "default"
         self.node_selector = pod.node_selector
+        self.tolerations = pod.tolerations
+        self.node_affinity = pod.node_affinity
         self.replica = pod.replica
         # per-device cost in milli of the device, and the GPU amount charged to the queue;
         # both depend on the node's GPU memory for gpu-memory pods, so set on placement
@@ -77,6 +79,11 @@ class Task:
         has_prio = self.task_priority is not None
         return (0 if self.is_head else 1, 0 if has_prio else 1,
                 -(self.task_priority or 0), self.created, self.name)
+
+    @property
+    def constraints(self) -> tuple[object, ...]:
+        """What limits the task's nodes besides resources (equal: the same nodes)."""
+        return (self.node_selector, self.tolerations, self.node_affinity)
 
 
 @dataclass
@@ -331,6 +338,7 @@ class Session:
         self.gpu_mem = np.array([max(n.gpu_memory_mib, 1) for n in nodes], dtype=np.int64)
         self.gpu_mem_synced = np.array([n.gpu_memory_synced for n in nodes], dtype=bool)
         self.node_labels = [dict(n.labels) for n in nodes]
+        self.node_taints = [n.taints for n in nodes]
         # usage: "used" includes releasing pods; "rel" is the releasing part
         self.used_cpu = np.zeros(count, dtype=np.int64)
         self.rel_cpu = np.zeros(count, dtype=np.int64)
@@ -658,6 +666,7 @@ class Session:
         pod = Pod(name=task.name, request=task.req, namespace=task.namespace,
                   task_priority=task.task_priority, created=task.created, is_ray_head=task.is_head,
                   subgroup=task.subgroup, node_selector=task.node_selector,
+                  tolerations=task.tolerations, node_affinity=task.node_affinity,
                   replica=task.replica)
         copy = Task(len(self.tasks), task.job, pod, -1)
         copy.origin = task

@@ -16,6 +16,7 @@ from typing import Any
 
 from kubernetes.utils import parse_quantity
 
+from kai_ray.core.constraints import Requirement, Taint, Term, Toleration
 from kai_ray.core.model import (
     DEFAULT_GPU_MEMORY_MIB,
     Job,
@@ -106,7 +107,36 @@ def node_from(obj: Obj) -> Node:
         labels=tuple(sorted(labels.items())),
         ready=ready,
         unschedulable=bool((obj.get("spec") or {}).get("unschedulable")),
+        taints=tuple(Taint(str(t.get("key", "")), str(t.get("value") or ""),
+                           str(t.get("effect", "")))
+                     for t in (obj.get("spec") or {}).get("taints") or []
+                     if isinstance(t, dict)),
     )
+
+
+def _tolerations(spec: Obj) -> tuple[Toleration, ...]:
+    return tuple(Toleration(str(t.get("key") or ""), str(t.get("operator") or "Equal"),
+                            str(t.get("value") or ""), str(t.get("effect") or ""))
+                 for t in spec.get("tolerations") or [] if isinstance(t, dict))
+
+
+def _node_affinity(spec: Obj) -> tuple[Term, ...] | None:
+    """The required node affinity's terms (None when the pod has none). The API server has
+    validated the shape; anything unexpected matches no node rather than every node."""
+    required = (((spec.get("affinity") or {}).get("nodeAffinity") or {})
+                .get("requiredDuringSchedulingIgnoredDuringExecution"))
+    if not isinstance(required, dict):
+        return None
+    terms = []
+    for term in required.get("nodeSelectorTerms") or []:
+        if not isinstance(term, dict):
+            continue
+        reqs = [Requirement(str(r.get("key", "")), str(r.get("operator", "")),
+                            tuple(str(v) for v in r.get("values") or ()), field)
+                for field, part in ((False, "matchExpressions"), (True, "matchFields"))
+                for r in term.get(part) or [] if isinstance(r, dict)]
+        terms.append(tuple(reqs))
+    return tuple(terms)
 
 
 # ------------------------------------------------------------------------------------ pods
@@ -193,7 +223,8 @@ def pod_from(pod: Obj, intent: Mapping[str, Any] | None = None) -> Pod:
         task_priority = int(prio_label) if prio_label is not None else None
     except ValueError:
         task_priority = None
-    selector = (pod.get("spec") or {}).get("nodeSelector") or {}
+    spec = pod.get("spec") or {}
+    selector = spec.get("nodeSelector") or {}
     return Pod(
         name=m["name"], namespace=m.get("namespace", "default"), request=pod_request(pod),
         status=status, node=node, gpu_groups=groups, task_priority=task_priority,
@@ -201,6 +232,7 @@ def pod_from(pod: Obj, intent: Mapping[str, Any] | None = None) -> Pod:
         is_ray_head=labels.get("ray.io/node-type") == "head",
         subgroup=labels.get(SUBGROUP_LABEL), uid=m.get("uid", ""),
         node_selector=tuple(sorted(selector.items())),
+        tolerations=_tolerations(spec), node_affinity=_node_affinity(spec),
         replica=labels.get(RAY_REPLICA_LABEL) or None,
     )
 

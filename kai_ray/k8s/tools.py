@@ -28,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from kai_ray.core.constraints import Requirement
 from kai_ray.core.model import (
     ACTIVE_USED,
     Job,
@@ -511,9 +512,21 @@ def _task(pod: Any, now: float) -> dict[str, Any]:
         task["subgroup"] = pod.subgroup
     if pod.node_selector:
         task["node_selector"] = dict(pod.node_selector)
+    if pod.tolerations:
+        task["tolerations"] = [{"key": t.key, "operator": t.operator, "value": t.value,
+                                "effect": t.effect} for t in pod.tolerations]
+    if pod.node_affinity is not None:
+        task["node_affinity"] = [
+            {"match_expressions": [_requirement(r) for r in term if not r.field],
+             "match_fields": [_requirement(r) for r in term if r.field]}
+            for term in pod.node_affinity]
     if pod.is_ray_head:
         task["ray_head"] = True
     return task
+
+
+def _requirement(r: Requirement) -> dict[str, Any]:
+    return {"key": r.key, "operator": r.operator, "values": list(r.values)}
 
 
 def _quota(q: Any) -> dict[str, float]:
@@ -534,6 +547,9 @@ def scenario_of(snapshot: Snapshot, config: SchedulerConfig, now: float,
             node["ready"] = False
         if n.unschedulable:
             node["unschedulable"] = True
+        if n.taints:
+            node["taints"] = [{"key": t.key, "value": t.value, "effect": t.effect}
+                              for t in n.taints]
         if not n.gpu_memory_synced:
             node["gpu_memory_synced"] = False
         if n.foreign_cpu_m or n.foreign_memory or n.foreign_gpus or n.foreign_pods:

@@ -12,6 +12,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from kai_ray.core.constraints import Requirement, Taint, Term, Toleration
 from kai_ray.core.model import (
     Job,
     Node,
@@ -51,6 +52,33 @@ class ForeignSpec(_Strict):
     pods: int = Field(0, ge=0)
 
 
+class TaintSpec(_Strict):
+    key: str
+    value: str = ""
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] = "NoSchedule"
+
+
+class TolerationSpec(_Strict):
+    key: str = ""
+    operator: Literal["Equal", "Exists"] = "Equal"
+    value: str = ""
+    effect: Literal["", "NoSchedule", "PreferNoSchedule", "NoExecute"] = ""
+
+
+class RequirementSpec(_Strict):
+    key: str
+    operator: Literal["In", "NotIn", "Exists", "DoesNotExist", "Gt", "Lt"]
+    values: list[str] = []
+
+
+class TermSpec(_Strict):
+    """One required node affinity term (Kubernetes' nodeSelectorTerm); match_fields only
+    knows metadata.name."""
+
+    match_expressions: list[RequirementSpec] = []
+    match_fields: list[RequirementSpec] = []
+
+
 class NodeSpec(_Strict):
     name: str
     gpus: int = Field(0, ge=0)
@@ -65,6 +93,7 @@ class NodeSpec(_Strict):
     unschedulable: bool = False
     gpu_memory_synced: bool = True
     foreign: ForeignSpec | None = None
+    taints: list[TaintSpec] | None = None
 
 
 class QuotaSpec(_Strict):
@@ -108,6 +137,8 @@ class TaskSpec(RequestSpec):
     name: str | None = None  # pod name (default <job>-<index>)
     devices: list[str] | None = None  # shared-GPU groups of a multi-device fractional pod
     node_selector: dict[str, str] | None = None
+    tolerations: list[TolerationSpec] | None = None
+    node_affinity: list[TermSpec] | None = None  # required terms (ORed)
     ray_head: bool = False
     age_s: float | None = None
 
@@ -327,7 +358,10 @@ def snapshot_of(scenario: Scenario, now: float = NOW) -> Snapshot:
                             namespace=spec.namespace, task_priority=t.task_priority,
                             created=created if t.age_s is None else now - t.age_s,
                             subgroup=t.subgroup, is_ray_head=t.ray_head,
-                            node_selector=tuple(sorted((t.node_selector or {}).items()))))
+                            node_selector=tuple(sorted((t.node_selector or {}).items())),
+                            tolerations=tuple(Toleration(x.key, x.operator, x.value, x.effect)
+                                              for x in t.tolerations or []),
+                            node_affinity=_affinity(t.node_affinity)))
         subgroups = tuple((sg.name, sg.min_member) for sg in spec.subgroups or [])
         jobs.append(Job(
             name=spec.name, queue=spec.queue, priority=spec.priority, pods=tuple(pods),
@@ -349,5 +383,15 @@ def _node(n: NodeSpec) -> Node:
                 max_pods=n.pods, labels=tuple(sorted(labels.items())), ready=n.ready,
                 unschedulable=n.unschedulable, foreign_cpu_m=foreign.cpu_m,
                 foreign_memory=foreign.memory_bytes, foreign_gpus=foreign.gpus,
-                foreign_pods=foreign.pods)
+                foreign_pods=foreign.pods,
+                taints=tuple(Taint(t.key, t.value, t.effect) for t in n.taints or []))
+
+
+def _affinity(terms: list[TermSpec] | None) -> tuple[Term, ...] | None:
+    if terms is None:
+        return None
+    return tuple(tuple(Requirement(r.key, r.operator, tuple(r.values), field)
+                       for field, reqs in ((False, t.match_expressions), (True, t.match_fields))
+                       for r in reqs)
+                 for t in terms)
 

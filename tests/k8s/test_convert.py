@@ -1,5 +1,6 @@
 """Kubernetes objects to core types: the pure conversions the watch cache relies on."""
 
+from kai_ray.core.constraints import Requirement, Taint, Toleration
 from kai_ray.core.model import PodStatus
 from kai_ray.k8s import convert
 
@@ -74,3 +75,30 @@ def test_node_gpu_memory_label_rounding_and_bytes():
     assert (n.gpus, n.gpu_memory_mib, n.gpu_memory_synced, n.ready) == (8, 81500, True, True)
     node["metadata"]["labels"]["nvidia.com/gpu.memory"] = str(80 * 1024**3)  # bytes
     assert convert.node_from(node).gpu_memory_mib == 81900
+
+
+def test_taints_tolerations_and_required_node_affinity_are_read():
+    node = convert.node_from({
+        "metadata": {"name": "n1"},
+        "spec": {"taints": [{"key": "nvidia.com/gpu", "value": "present",
+                             "effect": "NoSchedule"}, "garbage"]},
+        "status": {"allocatable": {"cpu": "8"}}})
+    assert node.taints == (Taint("nvidia.com/gpu", "present", "NoSchedule"),)
+    spec = {
+        "containers": [],
+        "tolerations": [{"operator": "Exists"}, {"key": "k", "value": "v", "effect": "NoExecute"}],
+        "affinity": {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}],
+                 "matchFields": [{"key": "metadata.name", "operator": "NotIn",
+                                  "values": ["n2"]}]},
+                {"matchExpressions": [{"key": "gpu", "operator": "Exists"}]}]},
+            "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 1}]}}}
+    pod = convert.pod_from({"metadata": {"name": "p", "namespace": "ns"}, "spec": spec})
+    assert pod.tolerations == (Toleration("", "Exists"), Toleration("k", "Equal", "v", "NoExecute"))
+    assert pod.node_affinity == (
+        (Requirement("zone", "In", ("a",)), Requirement("metadata.name", "NotIn", ("n2",), True)),
+        (Requirement("gpu", "Exists"),))
+    # no required affinity (only preferred, or none): no constraint, not "no node"
+    del spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert convert.pod_from({"metadata": {"name": "p"}, "spec": spec}).node_affinity is None

@@ -28,7 +28,7 @@ def run(sess: Session) -> None:
         tasks = job.tasks_to_allocate()
         if not tasks:
             continue
-        shape = (tuple(t.req for t in tasks), tuple(t.node_selector for t in tasks))
+        shape = (tuple(t.req for t in tasks), tuple(t.constraints for t in tasks))
         known = failed_shapes.get(shape)
         if known is not None:
             sess.job_errors[job.name] = known

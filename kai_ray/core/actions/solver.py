@@ -57,7 +57,7 @@ class FailedJobs:
     @staticmethod
     def _key(job: JobState, scope: str) -> tuple[object, ...]:
         kinds = tuple(sorted({(t.req.gpus > 0, t.req.gpu_fraction_milli > 0,
-                               t.req.gpu_memory_mib > 0, t.node_selector)
+                               t.req.gpu_memory_mib > 0, t.constraints)
                               for t in job.pending_tasks()}, key=repr))
         return (scope, job.priority, job.preemptible, kinds)
 
