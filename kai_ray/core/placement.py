@@ -63,7 +63,7 @@ def _selector_mask(sess: Session, task: Task) -> BoolArray | None:
 def _taint_masks(sess: Session, task: Task) -> tuple[BoolArray | None, list[tuple[BoolArray, str]]]:
     """Nodes whose taints the task tolerates (None: all), and per untolerated taint the mask of
     the nodes it does not keep the task off, with Kubernetes' wording."""
-    if not any(sess.node_taints):
+    if not sess.any_taints:
         return None, []
     cache: dict[object, tuple[BoolArray | None, list[tuple[BoolArray, str]]]] = (
         sess.__dict__.setdefault("taint_masks", {}))

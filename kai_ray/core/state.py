@@ -339,6 +339,7 @@ class Session:
         self.gpu_mem_synced = np.array([n.gpu_memory_synced for n in nodes], dtype=bool)
         self.node_labels = [dict(n.labels) for n in nodes]
         self.node_taints = [n.taints for n in nodes]
+        self.any_taints = any(self.node_taints)
         # usage: "used" includes releasing pods; "rel" is the releasing part
         self.used_cpu = np.zeros(count, dtype=np.int64)
         self.rel_cpu = np.zeros(count, dtype=np.int64)
