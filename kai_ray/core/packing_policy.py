@@ -58,19 +58,19 @@ def typical(sess: Session) -> packing.ShapeSet | None:
     if cached is not None or "typical_shapes" in sess.__dict__:
         return cached
     model_of, names = _model_ids(sess)
-    # a pod pinned to a GPU model (node selector on the product label) may only use that
-    # model's nodes, as the trace's gpu_spec; one pinned to a model the cluster lacks never
-    # lands anywhere and is left out
+    # a pod pinned to GPU models (node selector or required node affinity on the product
+    # label) may only use those models' nodes, as the trace's gpu_spec; one pinned to models
+    # the cluster lacks never lands anywhere and is left out
     tasks: list[Task] = []
-    pinned: list[int | None] = []
+    pinned: list[set[int] | None] = []
     for t in sess.tasks:
         if not (t.req.gpus or t.req.gpu_fraction_milli):
             continue
-        product = dict(t.node_selector).get(PRODUCT_LABEL)
-        if product is not None and product not in names:
+        products = _pinned_products(t)
+        if products is not None and not products & names.keys():
             continue
         tasks.append(t)
-        pinned.append(None if product is None else names[product])
+        pinned.append(None if products is None else {names[p] for p in products if p in names})
     shapes = None
     if tasks:
         cpu = np.array([t.req.cpu_m for t in tasks], dtype=np.int64)
@@ -79,13 +79,28 @@ def typical(sess: Session) -> packing.ShapeSet | None:
                          dtype=np.int64)
         models = int(model_of.max()) + 1
         allowed = np.ones((len(tasks), max(models, 1)), dtype=np.bool_)
-        for row, model in enumerate(pinned):
-            if model is not None:
+        for row, ids in enumerate(pinned):
+            if ids is not None:
                 allowed[row] = False
-                allowed[row, model] = True
+                allowed[row, sorted(ids)] = True
         shapes = packing.typical_shapes(cpu, num, milli, allowed)
     sess.__dict__["typical_shapes"] = shapes
     return shapes
+
+
+def _pinned_products(task: Task) -> set[str] | None:
+    """The GPU models (product label values) `task` may use, None when not pinned: a node
+    selector on the label, or a required node affinity every term of which has an In on it."""
+    selected = dict(task.node_selector).get(PRODUCT_LABEL)
+    allowed = None if selected is None else {selected}
+    if task.node_affinity:
+        per_term = [next((set(r.values) for r in term if not r.field
+                          and r.key == PRODUCT_LABEL and r.operator == "In"), None)
+                    for term in task.node_affinity]
+        if all(values is not None for values in per_term):
+            union = set().union(*(v for v in per_term if v is not None))
+            allowed = union if allowed is None else allowed & union
+    return allowed
 
 
 def request(task: Task) -> packing.PodRequest | None:

@@ -2,6 +2,7 @@
 
 import dataclasses
 
+from kai_ray.core.constraints import Requirement
 from kai_ray.core.model import (
     Job,
     Node,
@@ -59,7 +60,13 @@ def test_typical_shapes_keep_a_pods_gpu_model_pin():
              Node("b", 64000, 256 * 2**30, 2, labels=((product, "V100"),)))
     pods = (Pod("free", Request(1000, 2**30, gpu_fraction_milli=500)),
             Pod("pinned", Request(2000, 2**30, gpus=1), node_selector=((product, "V100"),)),
-            Pod("nowhere", Request(3000, 2**30, gpus=2), node_selector=((product, "H100"),)))
+            Pod("nowhere", Request(3000, 2**30, gpus=2), node_selector=((product, "H100"),)),
+            # the same pin as required node affinity: one term with an In on the product
+            Pod("by-affinity", Request(4000, 2**30, gpus=1), node_affinity=(
+                (Requirement(product, "In", ("A100", "H100")),),)),
+            # a term without the product label lets the pod go anywhere: not pinned
+            Pod("loose", Request(5000, 2**30, gpus=1), node_affinity=(
+                (Requirement(product, "In", ("A100",)),), (Requirement("zone", "Exists"),))))
     jobs = tuple(Job(p.name, "q", 50, (p,)) for p in pods)
     sess = Session(Snapshot(nodes, (Queue("q", gpu=OPEN, cpu=OPEN, memory=OPEN),), jobs),
                    SchedulerConfig(), 0.0)
@@ -71,3 +78,5 @@ def test_typical_shapes_keep_a_pods_gpu_model_pin():
     assert rows[1000] == [True, True]
     assert rows[2000] == [m == model["V100"] for m in range(2)]
     assert 3000 not in rows
+    assert rows[4000] == [m == model["A100"] for m in range(2)]
+    assert rows[5000] == [True, True]
