@@ -5,9 +5,10 @@
 Prints the median wall time of `schedule()` per size (and its median CPU time, which other load
 on the machine disturbs less), and per action. `--count-calls` also counts, per action, the
 victim searches (`Solver.solve`), their prefixes and simulated scenarios, plus the victim-stream
-entries popped (`more`) and carried over (`renew`), and the node choices (`choose`, of which
-`choose_among` among a few nodes with room and `binpack_whole` by the binpack walk) of one
-cycle: where the time goes, independent of machine load.
+entries popped (`more`) and streams carried over (`renew`), and the node choices (`choose`,
+of which `choose_among` among a few nodes with room; `binpack_whole` counts the binpack walks
+tried, some of which leave the choice to the array pass) of one cycle: where the time goes,
+independent of machine load.
 """
 
 from __future__ import annotations

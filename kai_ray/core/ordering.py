@@ -153,6 +153,11 @@ class JobQueue(Generic[E]):
                 heapq.heapify(heap)
             self.dead = set()
 
+    def top_key(self) -> object:
+        """The key of the item a one-queue `pop` returns next (None when empty)."""
+        self._drop_dead_tops()
+        return next((heap[0][0] for heap in self.heaps.values() if heap), None)
+
     def live_queues(self) -> list[str]:
         """The queues that still hold an item."""
         self._drop_dead_tops()

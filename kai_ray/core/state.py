@@ -37,10 +37,32 @@ MILLI = 1000
 class Task:
     """One pod inside the session."""
 
-    __slots__ = ("accepted_gpu", "created", "gpu_mem_cost", "groups", "idx", "is_head", "job",
-                 "moved", "name", "namespace", "node", "node_affinity", "node_selector",
-                 "orig_groups", "orig_node", "orig_status", "origin", "replica", "req", "status",
-                 "subgroup", "task_priority", "tolerations")
+    __slots__ = (
+        "accepted_gpu",
+        "constraints",
+        "created",
+        "gpu_mem_cost",
+        "groups",
+        "idx",
+        "is_head",
+        "job",
+        "moved",
+        "name",
+        "namespace",
+        "node",
+        "node_affinity",
+        "node_selector",
+        "orig_groups",
+        "orig_node",
+        "orig_status",
+        "origin",
+        "replica",
+        "req",
+        "status",
+        "subgroup",
+        "task_priority",
+        "tolerations",
+    )
 
     def __init__(self, idx: int, job: JobState, pod: Pod, node: int) -> None:
         self.idx = idx
@@ -61,6 +83,8 @@ class Task:
         self.node_selector = pod.node_selector
         self.tolerations = pod.tolerations
         self.node_affinity = pod.node_affinity
+        # what limits the task's nodes besides resources (equal: the same nodes)
+        self.constraints = (pod.node_selector, pod.tolerations, pod.node_affinity)
         self.replica = pod.replica
         # per-device cost in milli of the device, and the GPU amount charged to the queue;
         # both depend on the node's GPU memory for gpu-memory pods, so set on placement
@@ -79,11 +103,6 @@ class Task:
         has_prio = self.task_priority is not None
         return (0 if self.is_head else 1, 0 if has_prio else 1,
                 -(self.task_priority or 0), self.created, self.name)
-
-    @property
-    def constraints(self) -> tuple[object, ...]:
-        """What limits the task's nodes besides resources (equal: the same nodes)."""
-        return (self.node_selector, self.tolerations, self.node_affinity)
 
 
 @dataclass

@@ -10,6 +10,8 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from tests.integration.helpers import create_queues, pool_nodes, queue
+
 RAY = ("ray.io", "v1")
 RAY_IMAGE = "rayproject/ray:2.52.0"
 POOL_LABEL = "kai-ray.io/pool"
@@ -189,3 +191,15 @@ def describe(core: client.CoreV1Api, namespace: str) -> str:
                      f"deleting={bool(p.metadata.deletion_timestamp)} "
                      f"sched={cond.message if cond else None}")
     return "\n".join(lines)
+
+
+def limited_leaf(api: client.ApiClient, namespace: str, prefix: str) -> tuple[str, str, list[str]]:
+    """A 4-GPU pool node and a parent/leaf queue pair whose leaf may use 2 GPUs (quota = limit
+    = 2): the limit, not the node, is what forces preemption between the priority classes
+    (created too). Returns (pool, leaf, queues to delete)."""
+    ensure_priority_classes(api)
+    pool, _ = pool_nodes(api, 1, gpus=4)
+    suffix = namespace[-5:]
+    parent, leaf = f"{prefix}p-{suffix}", f"{prefix}l-{suffix}"
+    created = create_queues(api, queue(parent), queue(leaf, parent, gpu_quota=2, gpu_limit=2))
+    return pool, leaf, created

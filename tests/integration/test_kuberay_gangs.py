@@ -26,7 +26,7 @@ from tests.integration.kuberay_helpers import (
     create,
     delete,
     describe,
-    ensure_priority_classes,
+    limited_leaf,
     ray_cluster,
     ray_pods,
     running,
@@ -107,13 +107,7 @@ def test_build_cluster_preempts_train_cluster_whole_and_kuberay_recreates_it(
         cluster, namespace, kai_scheduler) -> None:
     api = cluster.api_client()
     core = client.CoreV1Api(api)
-    ensure_priority_classes(api)
-    pool, _ = pool_nodes(api, 1, gpus=4)
-    suffix = namespace[-5:]
-    parent, leaf = f"lp-{suffix}", f"lim-{suffix}"
-    # the queue may use 2 GPUs although the pool has 4: the limit is what forces preemption
-    created = create_queues(api, queue(parent),
-                            queue(leaf, parent, gpu_quota=2, gpu_limit=2))
+    pool, leaf, created = limited_leaf(api, namespace, "g")
     try:
         create(api, namespace, ray_cluster("train", leaf, [worker_group("gpu", 2, pool=pool)],
                                            pool=pool, priority_class="train"))

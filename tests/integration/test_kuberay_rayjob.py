@@ -16,8 +16,8 @@ from tests.integration.kuberay_helpers import (
     create,
     delete,
     describe,
-    ensure_priority_classes,
     get,
+    limited_leaf,
     podgroup_of,
     ray_cluster,
     ray_cluster_spec,
@@ -120,11 +120,7 @@ def _train_rayjob(cluster, namespace: str, kai_scheduler, mode: str) -> Iterator
     Yields (api, core, pool, leaf, job, detail)."""
     api = cluster.api_client()
     core = client.CoreV1Api(api)
-    ensure_priority_classes(api)
-    pool, _ = pool_nodes(api, 1, gpus=4)
-    suffix = namespace[-5:]
-    parent, leaf = f"tp-{suffix}", f"tl-{suffix}"
-    created = create_queues(api, queue(parent), queue(leaf, parent, gpu_quota=2, gpu_limit=2))
+    pool, leaf, created = limited_leaf(api, namespace, "t")
     detail = lambda: (f"RayJob status: {get(api, namespace, 'RayJob', 'job').get('status')}\n"  # noqa: E731
                       + describe(core, namespace) + "\n" + kai_scheduler.log_tail())
     job = ray_job("job", leaf, pool, 2, mode)

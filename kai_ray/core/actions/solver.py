@@ -292,15 +292,11 @@ class Solver:
             if self.exhausted and any(q.name in self.exhausted
                                       for q in self.sess.queue_path(unit.queue)):
                 continue
-            taken, rest = unit.take()
-            if any(id(t) in recorded_set for t in taken):
-                remaining = [t for t in unit.tasks if id(t) not in recorded_set]
-                if remaining:
-                    queue.push(VictimUnit(unit.job, remaining))
-                continue
+            taken, rest = unit.take_unrecorded(recorded_set)
             if rest is not None:
                 queue.push(rest)
-            yield taken, False
+            if taken:
+                yield taken, False
 
     def _try(self, job: JobState, prefix: list[Task], victims: list[Task]) -> list[Task] | None:
         """Simulate one scenario. On success the state stays applied and the victims that

@@ -151,7 +151,10 @@ class VictimStream:
                 self.in_source[name] = unit
         last = self.keys[kept[-1]] if kept else None
         new: list[tuple[tuple[int, int, float, int], JobState, list[Task]]] = []
-        while last is not None and (top := self._top_key(source)) is not None and top < last:
+        while last is not None:
+            top = source.top_key()
+            if not isinstance(top, tuple) or not top < last:
+                break
             unit = source.pop()
             assert unit is not None
             self.in_source.pop(unit.job.name, None)
@@ -171,18 +174,6 @@ class VictimStream:
             self.jobs.append(job)
             self.taken.append(taken)
         return True
-
-    @staticmethod
-    def _top_key(queue: JobQueue[VictimUnit]) -> tuple[int, int, float, int] | None:
-        """The key of the item `queue` (one queue) pops next, or None."""
-        for heap in queue.heaps.values():
-            while heap and id(heap[0][2]) in queue.dead:
-                queue.dead.discard(id(heapq.heappop(heap)[2]))
-            if heap:
-                key = heap[0][0]
-                assert isinstance(key, tuple)
-                return key
-        return None
 
     def _grow(self) -> bool:
         """Count one more entry in the tallies (popping it first if need be)."""
@@ -290,13 +281,7 @@ class VictimStream:
                 unit = heapq.heappop(side)[2]
                 if self._exhausted(exhausted, unit.job):
                     continue
-                taken, rest = unit.take()
-                if any(id(t) in recorded_set for t in taken):
-                    remaining = [t for t in unit.tasks if id(t) not in recorded_set]
-                    if not remaining:
-                        continue
-                    rest = VictimUnit(unit.job, remaining)
-                    taken = []
+                taken, rest = unit.take_unrecorded(recorded_set)
                 if rest is not None:
                     seq += 1
                     heapq.heappush(side, (victim_key(self.sess, rest.order_key()), seq, rest))

@@ -47,6 +47,15 @@ class VictimUnit:
         return (float(sum(t.req.cpu_m for t in taken)), float(sum(t.req.memory for t in taken)),
                 sum(t.accepted_gpu for t in taken))
 
+    def take_unrecorded(self, recorded: set[int]) -> tuple[list[Task], VictimUnit | None]:
+        """`take` when the tasks whose ids are in `recorded` are already victims: if the next
+        take would touch one, nothing is taken and what is left is the unit without them."""
+        taken, rest = self.take()
+        if not any(id(t) in recorded for t in taken):
+            return taken, rest
+        remaining = [t for t in self.tasks if id(t) not in recorded]
+        return [], (VictimUnit(self.job, remaining) if remaining else None)
+
     def take(self) -> tuple[list[Task], VictimUnit | None]:
         """Tasks to evict next: one extra task of a podset above its minimum (with the other
         hosts of its replica: a replica is never split), else all."""
