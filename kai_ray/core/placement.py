@@ -278,7 +278,7 @@ def choose_devices(sess: Session, task: Task, node: int) -> tuple[tuple[str, ...
     for _, _, gid, idle in chosen:
         on_idle = on_idle and idle
         if gid is None:
-            gid = sess.new_group_id(node)
+            gid = sess.new_group_id(node, new)
             new.append(gid)
         groups.append(gid)
     return tuple(groups), tuple(new), on_idle

@@ -7,7 +7,7 @@ gang that does not fit is rolled back to a checkpoint without a trace (KAI's Sta
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -375,7 +375,6 @@ class Session:
         self.dev_used = np.zeros((count, width), dtype=np.int64)
         self.dev_rel = np.zeros((count, width), dtype=np.int64)
         self.dev_on = np.zeros((count, width), dtype=bool)
-        self.group_seq = 0
         self.indexed = False  # the GPU room index exists (built after the snapshot's usage)
         self.undo: list[tuple[object, ...]] = []
         self.job_errors: dict[str, JobError] = {}
@@ -653,13 +652,17 @@ class Session:
                 if np_job:
                     q.allocated_np[r] += sign * amount[r]
 
-    def new_group_id(self, node: int) -> str:
-        """A shared-device id no pod in the snapshot uses (deterministic, unlike KAI's UUIDs)."""
+    def new_group_id(self, node: int, besides: Sequence[str] = ()) -> str:
+        """A shared-device id that no pod in the snapshot and no device on the node uses:
+        the first free number on the node, so it depends on the state alone (not on attempts
+        rolled back before, which a running counter would), unlike KAI's UUIDs. `besides`: ids
+        already picked for the same pod."""
+        k = 0
         while True:
-            self.group_seq += 1
-            gid = f"{self.nodes[node].name}-gpu-{self.group_seq}"
-            if gid not in self.known_groups:
-                self.known_groups.add(gid)
+            k += 1
+            gid = f"{self.nodes[node].name}-gpu-{k}"
+            if (gid not in self.known_groups and gid not in self.groups[node]
+                    and gid not in besides):
                 return gid
 
     # ------------------------------------------------------------------ virtual decisions
@@ -726,6 +729,10 @@ class Session:
         task.job.changes += 1
 
     def rollback(self, checkpoint: int) -> None:
+        if self.sticky is not None and self.sticky[1] > checkpoint:
+            # what came after that placement is undone: the same undo length later on would
+            # not mean "nothing changed since"
+            self.sticky = None
         while len(self.undo) > checkpoint:
             op, task, prev = self.undo.pop()
             assert isinstance(task, Task)

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from kai_ray.core import placement
-from kai_ray.core.actions import solver, victim_stream
+from kai_ray.core.actions import gpu_room, solver, victim_stream
 from kai_ray.core.model import PodStatus, SchedulerConfig, Snapshot
 from kai_ray.core.result import CycleResult
 from kai_ray.core.schedule import schedule
@@ -35,6 +35,7 @@ def _both_ways(snapshot: Snapshot, config: SchedulerConfig, now: float
         patch.setattr(placement, "_FEW", -1)  # every node choice on the array path
         patch.setattr(placement, "_binpack_whole", lambda sess, task, cand: None)
         patch.setattr(solver.VictimCache, "stream", lambda self, sess, scope: None)
+        patch.setattr(solver.Solver, "_hopeless", lambda self, tasks: False)
         plain = schedule(snapshot, config, now)
     return fast, plain
 
@@ -169,3 +170,65 @@ def test_a_carried_over_victim_stream_equals_a_fresh_one():
                 for job, taken in zip(s.jobs, s.taken, strict=True)]
 
     assert order(renewed) == order(fresh)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_all_victims_view_kept_node_by_node_equals_a_fresh_one(seed):
+    """`AllFreed`, refreshed only on the nodes each success touched, counts what a view built
+    afresh from every candidate victim counts, and answers the idle-GPU filter as `GpuRoom`
+    does over that view, at every state a victim search starts from."""
+    checked = {"states": 0, "prefixes": 0}
+    get = solver.VictimCache.get
+
+    def checking_get(self, sess, scope, candidates):
+        out = get(self, sess, scope, candidates)
+        for key, kept in self.all_freed.items():
+            view = self.free.with_freed(self.scopes[key].freed)
+            fresh = gpu_room.AllFreed(sess, self.scopes[key].freed, view)
+            assert (kept.whole, kept.rooms, kept.total_whole, kept.total_room) == (
+                fresh.whole, fresh.rooms, fresh.total_whole, fresh.total_room)
+            for job in list(sess.jobs.values())[-25:]:
+                for k in (1, 3, len(job.tasks)):
+                    prefix = job.tasks[:k]
+                    assert kept.enough(*gpu_room.GpuRoom.needs(sess, prefix)) == \
+                        gpu_room.GpuRoom(sess, view, prefix).enough()
+                    checked["prefixes"] += 1
+            checked["states"] += 1
+        return out
+
+    snapshot = _gangs_of_running(cluster(30, seed=seed, pending_per_node=8, queues=2), seed)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(solver.VictimCache, "get", checking_get)
+        result = schedule(snapshot, _config(False), 0.0)
+    assert result.evictions and checked["states"] > 20 and checked["prefixes"] > 1000
+
+
+def test_the_binpack_carry_over_does_not_outlive_a_rollback():
+    """The last placement carries over to the next identical pod only when nothing changed
+    since (same undo length). After a rollback, the same length can be reached by other
+    changes: here node-0 becomes the fuller node, and the pod must go there as a full choice
+    says, not to node-1 where the rolled-back pod went."""
+    from kai_ray.core.actions.common import place_tasks
+    from kai_ray.core.model import Job, Node, Pod, Queue, Request
+    from kai_ray.sim.synthetic import OPEN
+
+    def pod(name: str, gpus: int, cpu: int) -> Pod:
+        return Pod(name, Request(cpu_m=cpu, memory=10**9, gpus=gpus), created=0.0)
+
+    snapshot = Snapshot(
+        nodes=(Node("node-0", cpu_m=64_000, memory=10**12, gpus=3),
+               Node("node-1", cpu_m=64_000, memory=10**12, gpus=2)),
+        queues=(Queue("q", gpu=OPEN, cpu=OPEN, memory=OPEN),),
+        jobs=(Job("x", queue="q", priority=50, pods=(pod("x-0", 1, 1000),)),
+              Job("y", queue="q", priority=50, pods=(pod("y-0", 2, 2000),)),
+              Job("z", queue="q", priority=50, pods=(pod("z-0", 1, 1000),))))
+    sess = Session(snapshot, SchedulerConfig(), 0.0)
+    x, y, z = (sess.jobs[name] for name in ("x", "y", "z"))
+    base = sess.checkpoint()
+    assert place_tasks(sess, x, x.pending_tasks(), pipeline_only=False)
+    assert x.tasks[0].node == 1  # binpack: the fuller node
+    sess.rollback(base)
+    sess.allocate(y.tasks[0], 0, (), pipelined=False)  # node-0 now has 1 free GPU, node-1 still 2
+    assert len(sess.undo) == base + 1
+    assert place_tasks(sess, z, z.pending_tasks(), pipeline_only=False)
+    assert z.tasks[0].node == 0

@@ -40,7 +40,8 @@ def requests(draw):
         return Request(cpu_m=cpu, memory=mem, gpus=draw(st.integers(1, 4)))
     if kind == "fraction":
         return Request(cpu_m=cpu, memory=mem,
-                       gpu_fraction_milli=draw(st.sampled_from([200, 250, 300, 500, 700])))
+                       gpu_fraction_milli=draw(st.sampled_from([200, 250, 300, 500, 700])),
+                       fraction_devices=draw(st.sampled_from([1, 1, 1, 2, 3])))
     if kind == "memory":
         return Request(cpu_m=cpu, memory=mem, gpu_memory_mib=draw(st.sampled_from([2000, 8000])))
     return Request(cpu_m=cpu, memory=mem)
@@ -98,7 +99,7 @@ def _check_capacity(snapshot: Snapshot, result) -> None:
             cpu[o.node] += pod.request.cpu_m
             gpu[o.node] += pod.request.gpus
             if pod.request.is_shared:
-                assert len(o.gpu_groups) == pod.request.fraction_devices
+                assert len(set(o.gpu_groups)) == pod.request.fraction_devices  # distinct
                 node = nodes[o.node]
                 cost = pod.request.gpu_fraction_milli or -(-pod.request.gpu_memory_mib * 1000
                                                             // node.gpu_memory_mib)

@@ -112,12 +112,6 @@ class FreeGpus:
                 out.whole[key[0]] = out.whole.get(key[0], 0) + 1
         return out
 
-    def with_victims(self, sess: Session, victims: list[Task]) -> FreeGpus:
-        freed = Freed(sess)
-        for t in victims:
-            freed.add(t, +1)
-        return self.with_freed(freed)
-
 
 class Freed:
     """What a set of victims would free: whole GPUs per node and room per shared device,
@@ -134,11 +128,19 @@ class Freed:
         if t.node < 0 or not self.sess.schedulable[t.node]:
             return
         if t.req.gpus:
-            self.whole[t.node] = self.whole.get(t.node, 0) + sign * t.req.gpus
+            _bump(self.whole, t.node, sign * t.req.gpus)
             return
         for gid in t.groups:
-            key = (t.node, gid)
-            self.device[key] = self.device.get(key, 0) + sign * t.gpu_mem_cost
+            _bump(self.device, (t.node, gid), sign * t.gpu_mem_cost)
+
+
+def _bump(sums: dict[_K, int], key: _K, delta: int) -> None:
+    """Add `delta` to a sum, dropping it at 0 (a victim added and taken out leaves no trace)."""
+    value = sums.get(key, 0) + delta
+    if value:
+        sums[key] = value
+    else:
+        sums.pop(key, None)
 
 
 class GpuRoom:
@@ -342,6 +344,103 @@ class GpuRoom:
         spare = total_whole - sum(self.whole_needed)
         return _largest_first(rooms + [MILLI] * min(len(self.fractions_needed), spare),
                               self.fractions_needed)
+
+
+class AllFreed:
+    """Free GPUs with every candidate victim of a scope gone (what `FreeGpus.with_freed` gives
+    for the scope's `Freed`), kept as counts of values: nodes by free whole GPUs, shared
+    devices by room. That is all the idle-GPU filter needs when no victim is added (`enough`),
+    and after a success only the nodes it touched are counted again (`refresh`), where a new
+    view would go over every node with a victim."""
+
+    def __init__(self, sess: Session, freed: Freed, view: FreeGpus) -> None:
+        self.sess = sess
+        self.freed = freed
+        self.whole: dict[int, int] = {}  # free whole GPUs -> nodes (values > 0 only)
+        self.rooms: dict[int, int] = {}  # room in milli -> shared devices (values > 0 only)
+        self.total_whole = 0
+        self.total_room = 0
+        # each node's part (free whole GPUs, device rooms), to take it out again
+        self.parts: dict[int, tuple[int, list[int]]] = {}
+        by_node: dict[int, list[int]] = {}
+        for (node, _), room in view.devices.items():
+            by_node.setdefault(node, []).append(room)
+        for node in set(view.whole) | set(by_node):
+            self._count(node, (view.whole.get(node, 0), by_node.get(node, [])), +1)
+
+    def _count(self, node: int, part: tuple[int, list[int]], sign: int) -> None:
+        if sign > 0:
+            self.parts[node] = part
+        whole, rooms = part
+        for counts, values in ((self.whole, (whole,)), (self.rooms, rooms)):
+            for value in values:
+                if value > 0:
+                    counts[value] = counts.get(value, 0) + sign
+                    if not counts[value]:
+                        del counts[value]
+        self.total_whole += sign * max(whole, 0)
+        self.total_room += sign * sum(v for v in rooms if v > 0)
+
+    def refresh(self, nodes: set[int]) -> None:
+        """Count `nodes` again (the session or the scope's victims changed there)."""
+        for node in nodes:
+            old = self.parts.pop(node, None)
+            if old is not None:
+                self._count(node, old, -1)
+            self._count(node, self._part(node), +1)
+
+    def _part(self, node: int) -> tuple[int, list[int]]:
+        """One node as `FreeGpus.with_freed(freed)` sees it: free whole GPUs (a device all of
+        whose victims go counts as one) and the rooms of its live shared devices."""
+        sess = self.sess
+        if not sess.schedulable[node]:
+            return 0, []
+        free = int(sess.cap_gpu[node] - sess.used_gpu[node] + sess.rel_gpu[node])
+        whole = max(free, 0) + self.freed.whole.get(node, 0)
+        rooms = []
+        for gid, group in sess.groups[node].items():
+            amount = self.freed.device.get((node, gid))
+            if amount is not None:
+                if amount + group.releasing >= group.used:
+                    whole += 1
+                else:
+                    rooms.append(MILLI - group.used + group.releasing + amount)
+            elif group.releasing < group.used and MILLI - group.used + group.releasing > 0:
+                rooms.append(MILLI - group.used + group.releasing)
+        return whole, rooms
+
+    def enough(self, whole_needed: list[int], fractions_needed: list[int]) -> bool:
+        """`GpuRoom(sess, view, prefix).enough()` for the prefix with these needs (largest
+        first), from the counts."""
+        if not whole_needed and not fractions_needed:
+            return True
+        total = self.total_whole
+        if whole_needed and (total < sum(whole_needed)
+                             or max(self.whole, default=0) < whole_needed[0]):
+            return False
+        spare = total - sum(whole_needed)
+        if fractions_needed and (
+                self.total_room + MILLI * spare < sum(fractions_needed)
+                or max(max(self.rooms, default=0), MILLI if spare > 0 else 0)
+                < fractions_needed[0]):
+            return False
+        if not _largest_first(_top(self.whole, len(whole_needed)), whole_needed):
+            return False
+        if not fractions_needed:
+            return True
+        rooms = _top(self.rooms, len(fractions_needed))
+        return _largest_first(rooms + [MILLI] * min(len(fractions_needed), spare),
+                              fractions_needed)
+
+
+def _top(counts: dict[int, int], k: int) -> list[int]:
+    """The k largest values of a value -> count map, largest first."""
+    out: list[int] = []
+    for value in sorted(counts, reverse=True):
+        if len(out) >= k:
+            break
+        out.extend([value] * min(counts[value], k - len(out)))
+    return out
 
 
 def _largest_first(places: list[int], needs: list[int]) -> bool:

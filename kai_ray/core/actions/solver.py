@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from kai_ray.core.actions.common import place_tasks
-from kai_ray.core.actions.gpu_room import Freed, FreeGpus, GpuRoom
+from kai_ray.core.actions.gpu_room import AllFreed, Freed, FreeGpus, GpuRoom
 from kai_ray.core.actions.victim_stream import VictimStream
 from kai_ray.core.actions.victims import VictimUnit, unit_of, victim_units
 from kai_ray.core.model import PodStatus
@@ -133,20 +133,21 @@ class VictimCache:
         self.free: FreeGpus | None = None
         self.scopes: dict[object, _ScopeVictims] = {}
         self.member_of: dict[str, list[_ScopeVictims]] = {}
-        self.all_freed: dict[object, FreeGpus] = {}
+        self.all_freed: dict[object, AllFreed] = {}  # kept node by node across states
         self.streams: dict[object, VictimStream] = {}
         self.touched: dict[object, set[str]] = {}  # per stream, jobs changed since it was built
         self.enough_all: dict[tuple[object, ...], bool] = {}
 
-    def all_enough(self, sess: Session, scope: object, all_freed: FreeGpus,
+    def all_enough(self, sess: Session, scope: object, all_freed: AllFreed,
                    prefix: list[Task]) -> bool:
         """Whether every candidate victim together would free enough GPUs for `prefix`
-        (`GpuRoom.enough` over `all_freed`), remembered per scope and needs for this state."""
+        (the idle-GPU filter over `all_freed`), remembered per scope and needs for this
+        state."""
         whole, fractions = GpuRoom.needs(sess, prefix)
         key = (scope, tuple(whole), tuple(fractions))
         known = self.enough_all.get(key) if scope is not None else None
         if known is None:
-            known = GpuRoom(sess, all_freed, prefix).enough()
+            known = all_freed.enough(whole, fractions)
             if scope is not None:
                 self.enough_all[key] = known
         return known
@@ -167,31 +168,38 @@ class VictimCache:
         return stream
 
     def get(self, sess: Session, scope: object, candidates: Callable[[], list[JobState]]
-            ) -> tuple[FreeGpus, FreeGpus, JobQueue[VictimUnit]]:
+            ) -> tuple[FreeGpus, AllFreed, JobQueue[VictimUnit]]:
         if self.version != len(sess.undo) or self.free is None:
             touched: set[str] = set()
             if 0 <= self.version <= len(sess.undo):
-                jobs = list({id(entry[1].job): entry[1].job for entry in sess.undo[self.version:]
+                entries = sess.undo[self.version:]
+                jobs = list({id(entry[1].job): entry[1].job for entry in entries
                              if isinstance(entry[1], Task)}.values())
                 touched = {job.name for job in jobs}
                 by_scope: dict[int, tuple[_ScopeVictims, list[JobState]]] = {}
                 for job in jobs:
                     for victims in self.member_of.get(job.name, ()):
                         by_scope.setdefault(id(victims), (victims, []))[1].append(job)
-                for victims, jobs in by_scope.values():
-                    victims.update(jobs)
+                for victims, scope_jobs in by_scope.values():
+                    victims.update(scope_jobs)
+                nodes = _changed_nodes(entries, jobs)
+                for all_freed in self.all_freed.values():
+                    all_freed.refresh(nodes)
             else:
                 self.scopes, self.member_of, self.streams, self.touched = {}, {}, {}, {}
+                self.all_freed = {}
             self.version = len(sess.undo)
             self.free = FreeGpus(sess)
-            self.all_freed = {}
             self.enough_all = {}
             # streams are carried over when next used (`stream`), with every job touched since
             for key in self.streams:
                 self.touched.setdefault(key, set()).update(touched)
         if scope is None:
             units = victim_units(candidates())
-            all_freed = self.free.with_victims(sess, [t for u in units for t in u.tasks])
+            freed = Freed(sess)
+            for t in (t for u in units for t in u.tasks):
+                freed.add(t, +1)
+            all_freed = AllFreed(sess, freed, self.free.with_freed(freed))
             return self.free, all_freed, JobQueue(sess, units, reverse=True)
         if scope not in self.scopes:
             jobs = candidates()
@@ -200,8 +208,27 @@ class VictimCache:
                 self.member_of.setdefault(job.name, []).append(self.scopes[scope])
         victims = self.scopes[scope]
         if scope not in self.all_freed:
-            self.all_freed[scope] = self.free.with_freed(victims.freed)
+            self.all_freed[scope] = AllFreed(sess, victims.freed,
+                                             self.free.with_freed(victims.freed))
         return self.free, self.all_freed[scope], victims.queue
+
+
+def _changed_nodes(entries: list[tuple[object, ...]], jobs: list[JobState]) -> set[int]:
+    """Nodes where undo-log `entries` changed something, and where the tasks of `jobs` (whose
+    victim units may have changed) sit."""
+    nodes: set[int] = set()
+    for entry in entries:
+        task, prev = entry[1], entry[2]
+        if isinstance(task, Task):
+            nodes.add(task.node)
+        if isinstance(prev, Task):  # a move: the copy's node
+            nodes.add(prev.node)
+        elif isinstance(prev, tuple) and len(prev) > 1 and isinstance(prev[1], int):
+            nodes.add(prev[1])  # an allocation: where the task was before
+    for job in jobs:
+        nodes.update(t.node for t in job.tasks)
+    nodes.discard(-1)
+    return nodes
 
 
 class Solver:
@@ -218,8 +245,10 @@ class Solver:
         # victims for this job (more victims from them would be rejected the same way)
         self.exhausted: set[str] = set()
         self.message = message
-        self._free = self._all_freed = FreeGpus(sess)
-        self._victim_queue: JobQueue[VictimUnit] = JobQueue(sess, (), reverse=True)
+        # set per job by `solve` (see `VictimCache.get`)
+        self._free: FreeGpus
+        self._all_freed: AllFreed
+        self._victim_queue: JobQueue[VictimUnit]
 
     def solve(self, job: JobState) -> bool:
         """Try to make room for `job`; on success the winning scenario stays applied."""
@@ -234,6 +263,8 @@ class Solver:
         # GPUs are the same for all of them
         self._free, self._all_freed, self._victim_queue = self.cache.get(
             sess, self.scope, self.candidates)
+        if self._hopeless(tasks):
+            return False
         recorded: list[Task] = []
         solved = False
         for k in range(1, len(tasks) + 1):
@@ -248,6 +279,13 @@ class Solver:
             return True
         sess.rollback(base)
         return False
+
+    def _hopeless(self, tasks: list[Task]) -> bool:
+        """Whether not even every candidate victim together would free enough GPUs for all of
+        `tasks`. The last prefix must succeed for the job to, and it cannot then: its recorded
+        victims are some of the candidates, and more victims never make the idle-GPU filter
+        harder to pass. Found before any prefix is simulated, it changes no decision."""
+        return not self.cache.all_enough(self.sess, self.scope, self._all_freed, tasks)
 
     def _solve_prefix(self, job: JobState, prefix: list[Task], recorded: list[Task]
                       ) -> list[Task] | None:
