@@ -6,9 +6,9 @@ Prints the median wall time of `schedule()` per size (and its median CPU time, w
 on the machine disturbs less), and per action. `--count-calls` also counts, per action, the
 victim searches (`Solver.solve`), their prefixes and simulated scenarios, plus the victim-stream
 entries popped (`more`) and streams carried over (`renew`), and the node choices (`choose`,
-of which `choose_among` among a few nodes with room; `binpack_whole` counts the binpack walks
-tried, some of which leave the choice to the array pass) of one cycle: where the time goes,
-independent of machine load.
+of which `choose_among` among a few nodes with room; `binpack_whole` and `binpack_fraction`
+count the binpack walks tried for whole-GPU and fractional pods, some of which leave the choice
+to the array pass) of one cycle: where the time goes, independent of machine load.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def _count(counts: collections.Counter[str]) -> None:
     counted(victim_stream.VictimStream, "_more", False)
     counted(victim_stream.VictimStream, "renew", False)
     # node choices: all, among the few nodes with room, by the binpack walk
-    for name in ("choose", "_choose_among", "_binpack_whole"):
+    for name in ("choose", "_choose_among", "_binpack_whole", "_binpack_fraction"):
         counted(placement, name, False)
 
 

@@ -297,7 +297,8 @@ def choose(sess: Session, task: Task, explain: bool = True
     if cand is not None and len(cand) <= _FEW:
         return _choose_among(sess, task, cand.tolist(), explain)
     if cand is not None:
-        packed = _binpack_whole(sess, task, cand)
+        packed = (_binpack_whole(sess, task, cand) if task.req.gpus
+                  else _binpack_fraction(sess, task, cand))
         if packed is not None:
             return packed, {}
     fits, fits_idle, _ = feasible(sess, task)
@@ -331,14 +332,16 @@ def _gpu_candidates(sess: Session, task: Task) -> npt.NDArray[np.intp] | None:
     return cand
 
 
-def _binpack_whole(sess: Session, task: Task, cand: npt.NDArray[np.intp]) -> Choice | None:
-    """Binpack for a whole-GPU task without scoring every node: the score is 100 for fitting
-    on idle resources plus 0..9 falling with the node's free GPUs, so the first node, by free
-    GPUs then name, that fits on idle wins. None when that does not settle it among the first
+def _binpack_whole(sess: Session, task: Task, cand: npt.NDArray[np.intp],
+                   whole_only: bool = True) -> Choice | None:
+    """Binpack for a whole-GPU task (or, not `whole_only`, a fractional one no node gives a
+    sharing bonus) without scoring every node: the score is 100 for fitting on idle resources
+    plus 0..9 falling with the node's free GPUs, so the first node, by free GPUs then name,
+    that fits on idle wins. None when that does not settle it among the first
     _FEW candidates in that order (or the scores could tie): the array path decides."""
     counts = sess.free_counts
-    if (not task.req.gpus or sess.config.placement.gpu == "spread" or not counts
-            or min(counts) == max(counts)):
+    if ((whole_only and not task.req.gpus) or sess.config.placement.gpu == "spread"
+            or not counts or min(counts) == max(counts)):
         return None
     order = cand[np.lexsort((cand, sess.gpu_free_at[cand]))]
     for node in order[:_FEW].tolist():
@@ -346,6 +349,29 @@ def _binpack_whole(sess: Session, task: Task, cand: npt.NDArray[np.intp]) -> Cho
         if fits and idle:
             return place_on(sess, task, node, True)
     return None
+
+
+def _binpack_fraction(sess: Session, task: Task, cand: npt.NDArray[np.intp]) -> Choice | None:
+    """Binpack for a fractional task without scoring every node: a node with a partly used
+    device the task fits on scores 1000 more than any other, so when some of those fit, the
+    best of them wins (`_choose_among`, when they are few); when none does, the others are
+    walked as in `_binpack_whole`. None when that does not settle it: the array path
+    decides."""
+    counts = sess.free_counts
+    cost = task.req.gpu_fraction_milli
+    if (not cost or sess.config.placement.gpu == "spread" or not counts
+            or min(counts) == max(counts)):
+        return None
+    used, rel = sess.dev_used[cand], sess.dev_rel[cand]
+    partly = (sess.dev_on[cand] & (used < MILLI) & (MILLI - used + rel - cost >= 0)).any(axis=1)
+    sharing = cand[partly].tolist()
+    if len(sharing) > _FEW:
+        return None
+    if sharing:
+        picked, _ = _choose_among(sess, task, sharing, explain=False)
+        if picked is not None:
+            return picked
+    return _binpack_whole(sess, task, cand, whole_only=False)
 
 
 def _choose_among(sess: Session, task: Task, nodes: list[int], explain: bool

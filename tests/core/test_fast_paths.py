@@ -34,6 +34,7 @@ def _both_ways(snapshot: Snapshot, config: SchedulerConfig, now: float
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(placement, "_FEW", -1)  # every node choice on the array path
         patch.setattr(placement, "_binpack_whole", lambda sess, task, cand: None)
+        patch.setattr(placement, "_binpack_fraction", lambda sess, task, cand: None)
         patch.setattr(solver.VictimCache, "stream", lambda self, sess, scope: None)
         patch.setattr(solver.Solver, "_hopeless", lambda self, tasks: False)
         plain = schedule(snapshot, config, now)
@@ -95,11 +96,33 @@ def _some_releasing(snapshot: Snapshot) -> Snapshot:
     return dataclasses.replace(snapshot, jobs=tuple(jobs))
 
 
-@pytest.mark.parametrize("seed", [0, 1, 2])
-def test_same_decisions_with_many_candidate_nodes(seed):
+def _half_used_devices(snapshot: Snapshot) -> Snapshot:
+    """On each shared device of the running pods, the first sharer takes a quarter instead of
+    a half, and on every other node the second one is releasing: devices with room that a
+    fractional pod can have only once a releasing sharer is gone."""
+    jobs = []
+    for job in snapshot.jobs:
+        pod = job.pods[0]
+        if job.name.startswith("pg-run-") and pod.request.gpu_fraction_milli:
+            node, sharer = int(job.name.split("-")[2]), job.name.rsplit("-", 1)[1]
+            if sharer == "0":
+                pod = dataclasses.replace(pod, request=dataclasses.replace(
+                    pod.request, gpu_fraction_milli=250))
+            elif node % 2 == 0:
+                pod = dataclasses.replace(pod, status=PodStatus.RELEASING)
+            job = dataclasses.replace(job, pods=(pod,))
+        jobs.append(job)
+    return dataclasses.replace(snapshot, jobs=tuple(jobs))
+
+
+@pytest.mark.parametrize("seed,half_used", [(0, False), (1, False), (2, False), (3, True),
+                                            (4, True)])
+def test_same_decisions_with_many_candidate_nodes(seed, half_used):
     """Clusters big enough that allocate sees more than `_FEW` nodes with room (the binpack
-    order shortcut), then a second cycle with releasing pods."""
+    order shortcuts), then a second cycle with releasing pods."""
     snapshot = _some_releasing(cluster(120, seed=seed, pending_per_node=6, queues=3))
+    if half_used:
+        snapshot = _half_used_devices(snapshot)
     fast, plain = _both_ways(snapshot, _config(False), 0.0)
     assert _decisions(fast) == _decisions(plain)
     later = advance(snapshot, fast)
@@ -109,13 +132,18 @@ def test_same_decisions_with_many_candidate_nodes(seed):
 
 def test_the_shortcuts_are_taken():
     """The comparison above means something only if both shortcuts run on such clusters."""
-    calls = {"few": 0, "stream": 0, "binpack": 0}
+    calls = {"few": 0, "stream": 0, "binpack": 0, "fraction": 0}
     choose_among, read = placement._choose_among, victim_stream.VictimStream.read
-    binpack = placement._binpack_whole
+    binpack, fraction = placement._binpack_whole, placement._binpack_fraction
 
     def counting_binpack(*args, **kwargs):
         picked = binpack(*args, **kwargs)
         calls["binpack"] += picked is not None
+        return picked
+
+    def counting_fraction(*args, **kwargs):
+        picked = fraction(*args, **kwargs)
+        calls["fraction"] += picked is not None
         return picked
 
     def counting_choose(*args, **kwargs):
@@ -130,9 +158,11 @@ def test_the_shortcuts_are_taken():
         patch.setattr(placement, "_choose_among", counting_choose)
         patch.setattr(victim_stream.VictimStream, "read", counting_read)
         patch.setattr(placement, "_binpack_whole", counting_binpack)
+        patch.setattr(placement, "_binpack_fraction", counting_fraction)
         result = schedule(cluster(120, seed=1), _config(False), 0.0)
     assert result.evictions
     assert calls["few"] > 100 and calls["stream"] > 10 and calls["binpack"] > 50
+    assert calls["fraction"] > 10
 
 
 def test_a_carried_over_victim_stream_equals_a_fresh_one():
@@ -232,3 +262,23 @@ def test_the_binpack_carry_over_does_not_outlive_a_rollback():
     assert len(sess.undo) == base + 1
     assert place_tasks(sess, z, z.pending_tasks(), pipeline_only=False)
     assert z.tasks[0].node == 0
+
+
+def test_a_cycle_leaves_the_garbage_collector_as_it_found_it():
+    """`schedule` pauses the cyclic collector for the cycle only, also when it raises."""
+    import gc
+
+    snapshot = cluster(5, seed=0)
+    assert gc.isenabled()
+    schedule(snapshot, SchedulerConfig(), 0.0)
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        schedule(snapshot, SchedulerConfig(), 0.0)
+        assert not gc.isenabled()  # a caller that paused it keeps it paused
+    finally:
+        gc.enable()
+    bad = dataclasses.replace(SchedulerConfig(), actions=("allocate", "no-such-action"))
+    with pytest.raises(ValueError):
+        schedule(snapshot, bad, 0.0)
+    assert gc.isenabled()
