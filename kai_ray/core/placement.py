@@ -332,46 +332,67 @@ def _gpu_candidates(sess: Session, task: Task) -> npt.NDArray[np.intp] | None:
     return cand
 
 
-def _binpack_whole(sess: Session, task: Task, cand: npt.NDArray[np.intp],
-                   whole_only: bool = True) -> Choice | None:
-    """Binpack for a whole-GPU task (or, not `whole_only`, a fractional one no node gives a
-    sharing bonus) without scoring every node: the score is 100 for fitting on idle resources
-    plus 0..9 falling with the node's free GPUs, so the first node, by free GPUs then name,
-    that fits on idle wins. None when that does not settle it among the first
-    _FEW candidates in that order (or the scores could tie): the array path decides."""
-    counts = sess.free_counts
-    if ((whole_only and not task.req.gpus) or sess.config.placement.gpu == "spread"
-            or not counts or min(counts) == max(counts)):
+def _binpack_whole(sess: Session, task: Task, cand: npt.NDArray[np.intp]) -> Choice | None:
+    """Binpack for a whole-GPU task without scoring every node (`_walk`). None when that does
+    not settle it: the array path decides."""
+    if not task.req.gpus or sess.config.placement.gpu == "spread" or not sess.free_counts:
         return None
-    order = cand[np.lexsort((cand, sess.gpu_free_at[cand]))]
+    return _walk(sess, task, cand)[0]
+
+
+def _walk(sess: Session, task: Task, nodes: npt.NDArray[np.intp]) -> tuple[Choice | None, bool]:
+    """The binpack winner among `nodes` when they all score alike but for fitting on idle
+    resources (100) and 0..9 falling with the node's free GPUs: the first node, by free GPUs
+    then index, that fits on idle; when none can (a full cluster where only releasing
+    resources are left), the first that fits at all. (When every node has as many free GPUs,
+    the order is the nodes' order and the scores tie but for those 100: the same.) Returns
+    (choice, settled): not settled when the first _FEW nodes in that order leave it open;
+    settled with no choice when no node fits."""
+    order = nodes[np.lexsort((nodes, sess.gpu_free_at[nodes]))]
+    first_fit = None
     for node in order[:_FEW].tolist():
         fits, idle = fits_node(sess, task, node)
         if fits and idle:
-            return place_on(sess, task, node, True)
-    return None
+            return place_on(sess, task, node, True), True
+        if fits and first_fit is None:
+            first_fit = node
+    rest = order[_FEW:]
+    if first_fit is not None and not _may_fit_on_idle(sess, task, rest):
+        return place_on(sess, task, first_fit, False), True
+    return None, first_fit is None and not len(rest)
+
+
+def _may_fit_on_idle(sess: Session, task: Task, nodes: npt.NDArray[np.intp]) -> bool:
+    """Whether the task's GPUs could fit on idle resources on any of `nodes` (a necessary
+    condition of the array path's fits-on-idle mask)."""
+    if not len(nodes):
+        return False
+    idle_whole = sess.cap_gpu[nodes] - sess.used_gpu[nodes]
+    req = task.req
+    if req.gpus:
+        return bool((idle_whole >= req.gpus).any())
+    used = sess.dev_used[nodes]
+    live = sess.dev_on[nodes] & (sess.dev_rel[nodes] < used)
+    idle_groups = (live & (MILLI - used - req.gpu_fraction_milli >= 0)).sum(axis=1)
+    return bool((idle_whole + idle_groups >= req.fraction_devices).any())
 
 
 def _binpack_fraction(sess: Session, task: Task, cand: npt.NDArray[np.intp]) -> Choice | None:
     """Binpack for a fractional task without scoring every node: a node with a partly used
     device the task fits on scores 1000 more than any other, so when some of those fit, the
-    best of them wins (`_choose_among`, when they are few); when none does, the others are
-    walked as in `_binpack_whole`. None when that does not settle it: the array path
-    decides."""
-    counts = sess.free_counts
+    winner is among them; else among the others. Either way the rest of the score is as
+    `_walk` has it. None when that does not settle it: the array path decides."""
     cost = task.req.gpu_fraction_milli
-    if (not cost or sess.config.placement.gpu == "spread" or not counts
-            or min(counts) == max(counts)):
+    if not cost or sess.config.placement.gpu == "spread" or not sess.free_counts:
         return None
     used, rel = sess.dev_used[cand], sess.dev_rel[cand]
     partly = (sess.dev_on[cand] & (used < MILLI) & (MILLI - used + rel - cost >= 0)).any(axis=1)
-    sharing = cand[partly].tolist()
-    if len(sharing) > _FEW:
-        return None
-    if sharing:
-        picked, _ = _choose_among(sess, task, sharing, explain=False)
-        if picked is not None:
+    sharing = cand[partly]
+    if len(sharing):
+        picked, settled = _walk(sess, task, sharing)
+        if picked is not None or not settled:
             return picked
-    return _binpack_whole(sess, task, cand, whole_only=False)
+    return _walk(sess, task, cand)[0]  # none of the sharing nodes fits
 
 
 def _choose_among(sess: Session, task: Task, nodes: list[int], explain: bool

@@ -282,3 +282,29 @@ def test_a_cycle_leaves_the_garbage_collector_as_it_found_it():
     with pytest.raises(ValueError):
         schedule(snapshot, bad, 0.0)
     assert gc.isenabled()
+
+
+def test_the_fraction_walk_does_not_settle_early_among_many_sharing_nodes():
+    """More than `_FEW` nodes have a partly used device the pod fits on, but only ones past
+    the first `_FEW` have CPU for it: the winner is one of those (sharing bonus), not the
+    roomy node the walk over every candidate would meet first."""
+    from kai_ray.core.model import Job, Node, Pod, Queue, Request
+    from kai_ray.sim.synthetic import OPEN
+
+    nodes = tuple(Node(f"node-{i:02d}", cpu_m=8000, memory=10**12, gpus=2) for i in range(80))
+    jobs = []
+    for i in range(80):
+        if i < 20:  # no shared device, one whole GPU busy: free 1, fits on idle
+            req = Request(cpu_m=1000, memory=10**9, gpus=1)
+        else:  # a half-used shared device (free 1); the first 50 of these have no CPU left
+            req = Request(cpu_m=8000 if i < 70 else 1000, memory=10**9, gpu_fraction_milli=500)
+        pod = Pod(f"run-{i}", req, status=PodStatus.RUNNING, node=f"node-{i:02d}",
+                  gpu_groups=(f"node-{i:02d}-dev0",) if i >= 20 else ())
+        jobs.append(Job(f"pg-run-{i}", queue="q", priority=50, pods=(pod,), created=-1.0))
+    pending = Pod("quarter-0", Request(cpu_m=1000, memory=10**9, gpu_fraction_milli=250))
+    jobs.append(Job("quarter", queue="q", priority=50, pods=(pending,)))
+    snapshot = Snapshot(nodes=nodes, queues=(Queue("q", gpu=OPEN, cpu=OPEN, memory=OPEN),),
+                        jobs=tuple(jobs))
+    fast, plain = _both_ways(snapshot, _config(False), 0.0)
+    assert _decisions(fast) == _decisions(plain)
+    assert fast.pods["quarter-0"].node == "node-70"
