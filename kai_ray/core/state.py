@@ -567,15 +567,15 @@ class Session:
             return
         self.rel_gpu[node] = self.whole_rel[node] + sum(
             1 for g in groups.values() if g.used > 0 and g.used == g.releasing)
-        if len(groups) > self.dev_used.shape[1]:
-            self._grow_devices(len(groups))
-        self.dev_on[node] = False
-        self.dev_used[node] = 0
-        self.dev_rel[node] = 0
-        for slot, g in enumerate(groups.values()):
-            self.dev_on[node, slot] = True
-            self.dev_used[node, slot] = g.used
-            self.dev_rel[node, slot] = g.releasing
+        count, width = len(groups), self.dev_used.shape[1]
+        if count > width:
+            self._grow_devices(count)
+            width = count
+        # one row write per array (element writes cost as much each)
+        pad = [0] * (width - count)
+        self.dev_on[node] = [True] * count + [False] * (width - count)
+        self.dev_used[node] = [g.used for g in groups.values()] + pad
+        self.dev_rel[node] = [g.releasing for g in groups.values()] + pad
         if self.indexed:
             self._reindex_gpu_room(node)
 

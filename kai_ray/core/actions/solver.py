@@ -231,6 +231,29 @@ def _changed_nodes(entries: list[tuple[object, ...]], jobs: list[JobState]) -> s
     return nodes
 
 
+class _RecordedFreed:
+    """What a job's recorded victims free, as overlays over the free GPUs (`GpuRoom.free_into`
+    fills them), kept from prefix to prefix: the victims recorded for the next prefix are
+    mostly those of this one plus a few, so each prefix's room adopts these instead of
+    adding every recorded victim again."""
+
+    def __init__(self, counter: GpuRoom) -> None:
+        self.counter = counter
+        self.tasks: list[Task] = []
+        self.whole: dict[int, int] = {}
+        self.freed: dict[tuple[int, str], int] = {}
+
+    def of(self, recorded: list[Task]) -> tuple[dict[int, int], dict[tuple[int, str], int]]:
+        known = len(self.tasks)
+        if len(recorded) < known or any(a is not b for a, b in zip(recorded, self.tasks,
+                                                                     strict=False)):
+            self.tasks, self.whole, self.freed, known = [], {}, {}, 0
+        for t in recorded[known:]:
+            self.counter.free_into(t, self.whole, {}, self.freed)
+            self.tasks.append(t)
+        return self.whole, self.freed
+
+
 class Solver:
     def __init__(self, sess: Session, action: str, candidates: Callable[[], list[JobState]],
                  validator: Validator, message: Callable[[Task, JobState], str],
@@ -246,6 +269,7 @@ class Solver:
         self.exhausted: set[str] = set()
         self.message = message
         # set per job by `solve` (see `VictimCache.get`)
+        self._recorded: _RecordedFreed
         self._free: FreeGpus
         self._all_freed: AllFreed
         self._victim_queue: JobQueue[VictimUnit]
@@ -266,6 +290,7 @@ class Solver:
         if self._hopeless(tasks):
             return False
         recorded: list[Task] = []
+        self._recorded = _RecordedFreed(GpuRoom(sess, self._free, []))
         solved = False
         for k in range(1, len(tasks) + 1):
             victims = self._solve_prefix(job, tasks[:k], recorded)
@@ -290,8 +315,8 @@ class Solver:
     def _solve_prefix(self, job: JobState, prefix: list[Task], recorded: list[Task]
                       ) -> list[Task] | None:
         room = GpuRoom(self.sess, self._free, prefix)
-        for t in recorded:
-            room.add_victim(t)
+        if recorded and not room.trivial:
+            room.adopt(*self._recorded.of(recorded))
         if recorded and room.enough():
             result = self._try(job, prefix, recorded)
             if result is not None:
