@@ -22,16 +22,18 @@ def run(sess: Session) -> None:
         return
     failed = FailedJobs()
     queue = JobQueue(sess, [j for j in schedulable_jobs(sess) if j.preemptible])
+    # free GPUs in the cluster, counted again only when a success changed the state (a job
+    # that fails leaves it as it was)
+    free_at: tuple[int, float] | None = None
     while (job := queue.pop()) is not None:
         if failed.should_skip(job, "cluster"):
             continue
         if not job.tasks_to_allocate():
             continue
         need = job_request(sess, job)[2]
-        free_gpus = float(sess.free_gpu()[sess.schedulable].sum())
-        shared_free = np.where(sess.dev_on, MILLI - sess.dev_used + sess.dev_rel, 0)
-        free_gpus += float(shared_free[sess.schedulable].sum()) / MILLI
-        if need > free_gpus + 1e-9:
+        if free_at is None or free_at[0] != len(sess.undo):
+            free_at = (len(sess.undo), _free_gpus(sess))
+        if need > free_at[1] + 1e-9:
             continue
 
         def candidates(job: JobState = job) -> list[JobState]:
@@ -45,3 +47,10 @@ def run(sess: Session) -> None:
             failed.record(job, "cluster")
         elif job.pending_tasks():
             queue.push(job)
+
+
+def _free_gpus(sess: Session) -> float:
+    """Free whole GPUs plus the free part of shared devices, on schedulable nodes."""
+    free = float(sess.free_gpu()[sess.schedulable].sum())
+    shared_free = np.where(sess.dev_on, MILLI - sess.dev_used + sess.dev_rel, 0)
+    return free + float(shared_free[sess.schedulable].sum()) / MILLI
