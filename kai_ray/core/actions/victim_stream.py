@@ -349,10 +349,12 @@ class VictimStream:
         # from `room`), one per device they leave partly freed (a victim in the stream may
         # finish it), and all the side units could take
         on_node = {n: v - self.free.whole.get(n, 0) for n, v in room.whole.items()}
+        recorded_places = sum(on_node.values())  # whole GPUs, and (below) partly freed devices
         for (node, gid), amount in room.freed.items():
             group = sess.groups[node].get(gid)
             if group is not None and amount + group.releasing < group.used:
                 on_node[node] = on_node.get(node, 0) + 1
+                recorded_places += 1
         for t in others:
             if t.node >= 0 and sess.schedulable[t.node]:
                 on_node[t.node] = on_node.get(t.node, 0) + (t.req.gpus or len(t.groups))
@@ -370,12 +372,16 @@ class VictimStream:
             have = MILLI * self.free.whole_totals()[0] + self.free.device_totals()[0] + sum(
                 MILLI * t.req.gpus or t.gpu_mem_cost * len(t.groups) for t in extra)
             until = max(until, self._first_reaching(self.milli, need - have))
+            # places of c the recorded victims give: per whole GPU they free, and per device
+            # they leave partly freed (with victims in the stream it may hold that many,
+            # whatever the tallies count for it), MILLI // c; the side units counted high
+            side = [t for t in others if t.node >= 0 and sess.schedulable[t.node]]
             for c in sorted(set(room.fractions_needed)):
                 count = sum(1 for need in room.fractions_needed if need >= c)
                 per_whole = MILLI // c
-                more = sum(per_whole * t.req.gpus if t.req.gpus
-                           else len(t.groups) * (-(-t.gpu_mem_cost // c) + per_whole)
-                           for t in extra)
+                more = per_whole * recorded_places + sum(
+                    per_whole * t.req.gpus if t.req.gpus
+                    else len(t.groups) * (-(-t.gpu_mem_cost // c) + per_whole) for t in side)
                 until = max(until, self._first_reaching(
                     self._tally("fits", c), count - more + per_whole * need_whole))
         return until
