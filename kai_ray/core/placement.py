@@ -385,9 +385,7 @@ def _binpack_fraction(sess: Session, task: Task, cand: npt.NDArray[np.intp]) -> 
     cost = task.req.gpu_fraction_milli
     if not cost or sess.config.placement.gpu == "spread" or not sess.free_counts:
         return None
-    used, rel = sess.dev_used[cand], sess.dev_rel[cand]
-    partly = (sess.dev_on[cand] & (used < MILLI) & (MILLI - used + rel - cost >= 0)).any(axis=1)
-    sharing = cand[partly]
+    sharing = np.flatnonzero(sess.share_room_at >= cost)  # all among `cand`
     if len(sharing):
         picked, settled = _walk(sess, task, sharing)
         if picked is not None or not settled:

@@ -532,6 +532,11 @@ class Session:
         live = self.dev_on & (self.dev_rel < self.dev_used)
         room = np.where(live, MILLI - self.dev_used + self.dev_rel, -1)
         self.dev_room_at = np.where(self.schedulable, room.max(axis=1), -1)
+        # the most room (releasing counted) on a device that is not full: the binpack sharing
+        # bonus goes to nodes where this fits the pod
+        partly = np.where(self.dev_on & (self.dev_used < MILLI),
+                          MILLI - self.dev_used + self.dev_rel, -1)
+        self.share_room_at = np.where(self.schedulable, partly.max(axis=1), -1)
         self.free_counts: dict[int, int] = {}
         for value in self.gpu_free_at[gpu_nodes].tolist():
             self.free_counts[value] = self.free_counts.get(value, 0) + 1
@@ -550,9 +555,11 @@ class Session:
                 del counts[old]
             counts[free] = counts.get(free, 0) + 1
         self.gpu_free_at[node] = free
+        groups = self.groups[node].values()
         self.dev_room_at[node] = max(
-            (MILLI - g.used + g.releasing for g in self.groups[node].values()
-             if g.releasing < g.used), default=-1)
+            (MILLI - g.used + g.releasing for g in groups if g.releasing < g.used), default=-1)
+        self.share_room_at[node] = max(
+            (MILLI - g.used + g.releasing for g in groups if g.used < MILLI), default=-1)
 
     def _refresh_gpu(self, node: int) -> None:
         """Recount the node's GPUs and mirror its shared devices into the device arrays."""
