@@ -20,6 +20,9 @@ def run(sess: Session) -> None:
     failed = FailedJobs()
     cache = VictimCache()
     queue = JobQueue(sess, schedulable_jobs(sess))
+    in_queue: dict[str, list[JobState]] = {}  # victims come from the preemptor's queue only
+    for v in sess.jobs.values():
+        in_queue.setdefault(v.queue, []).append(v)
     while (job := queue.pop()) is not None:
         if failed.should_skip(job, job.queue):
             continue
@@ -31,8 +34,8 @@ def run(sess: Session) -> None:
             continue
 
         def candidates(job: JobState = job) -> list[JobState]:
-            return [v for v in sess.jobs.values()
-                    if v is not job and v.queue == job.queue and v.preemptible
+            return [v for v in in_queue.get(job.queue, ())
+                    if v is not job and v.preemptible
                     and v.priority < job.priority and not protected(sess, v, "preempt")]
 
         solver = Solver(sess, "preempt", candidates, lambda evicted, moved: None, _message,
