@@ -7,6 +7,7 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left
 from collections.abc import Iterator
+from itertools import chain
 
 from kai_ray.core.actions.gpu_room import FreeGpus, GpuRoom
 from kai_ray.core.actions.victims import VictimUnit
@@ -264,15 +265,27 @@ class VictimStream:
         others: list[Task] = []
         for job in side_jobs.values():
             unit = self.units.get(job.name)
-            if unit is None:
-                continue
+            left = [t for t in unit.tasks if id(t) not in recorded_set] if unit else []
+            if unit is None or not left:
+                continue  # all of it recorded: it would give nothing more
             side.append((victim_key(self.sess, unit.order_key()), len(side), unit))
-            others.extend(t for t in unit.tasks if id(t) not in recorded_set)
+            others.extend(left)
         heapq.heapify(side)
         quiet_until = self._quiet_until(room, recorded, others)
         seq = len(side)
         batch: list[Task] = []
         i = 0
+        if not side and not exhausted and quiet_until:
+            # nothing to merge in: the quiet batch is the entries before `quiet_until` but
+            # those of recorded jobs, taken as slices rather than one by one
+            i = quiet_until
+            self.reach = max(self.reach, i)
+            start = 0
+            for p in sorted(p for job in side_jobs.values()
+                            for p in self.positions.get(id(job), ()) if p < i):
+                batch.extend(chain.from_iterable(self.taken[start:p]))
+                start = p + 1
+            batch.extend(chain.from_iterable(self.taken[start:i]))
         while True:
             more = i < len(self.keys) or self._more()
             base_key = self.keys[i] if more else None
