@@ -543,7 +543,7 @@ class Session:
         self._counted = gpu_nodes
         self.indexed = True
 
-    def _reindex_gpu_room(self, node: int) -> None:
+    def _reindex_gpu_room(self, node: int, devices: bool = True) -> None:
         if not self.schedulable[node]:
             return
         free = int(self.cap_gpu[node] - self.used_gpu[node] + self.rel_gpu[node])
@@ -555,16 +555,25 @@ class Session:
                 del counts[old]
             counts[free] = counts.get(free, 0) + 1
         self.gpu_free_at[node] = free
+        if not devices:
+            return
         groups = self.groups[node].values()
         self.dev_room_at[node] = max(
             (MILLI - g.used + g.releasing for g in groups if g.releasing < g.used), default=-1)
         self.share_room_at[node] = max(
             (MILLI - g.used + g.releasing for g in groups if g.used < MILLI), default=-1)
 
-    def _refresh_gpu(self, node: int) -> None:
-        """Recount the node's GPUs and mirror its shared devices into the device arrays."""
+    def _refresh_gpu(self, node: int, devices: bool = True) -> None:
+        """Recount the node's GPUs and mirror its shared devices into the device arrays
+        (`devices` false: they did not change, a whole-GPU pod came or went)."""
         groups = self.groups[node]
         self.used_gpu[node] = self.whole_used[node] + len(groups)
+        if not devices:
+            self.rel_gpu[node] = self.whole_rel[node] + sum(
+                1 for g in groups.values() if g.used > 0 and g.used == g.releasing)
+            if self.indexed:
+                self._reindex_gpu_room(node, devices=False)
+            return
         if not groups:
             self.rel_gpu[node] = self.whole_rel[node]
             if self.dev_on[node].any():
@@ -615,7 +624,7 @@ class Session:
         task.groups = groups
         task.accepted_gpu = self.task_queue_amount(task)[GPU]
         if req.wants_gpu:
-            self._refresh_gpu(node)
+            self._refresh_gpu(node, devices=not req.gpus)
 
     def _remove_resources(self, task: Task) -> None:
         node, req = task.node, task.req
@@ -632,7 +641,7 @@ class Session:
                 if not group.tasks:
                     del self.groups[node][gid]
         if req.wants_gpu:
-            self._refresh_gpu(node)
+            self._refresh_gpu(node, devices=not req.gpus)
         task.node = -1
         task.groups = ()
 
@@ -646,7 +655,7 @@ class Session:
             for gid in task.groups:
                 self.groups[node][gid].releasing += sign * task.gpu_mem_cost
         if req.wants_gpu:
-            self._refresh_gpu(node)
+            self._refresh_gpu(node, devices=not req.gpus)
 
     def _queue_add(self, task: Task, sign: int) -> None:
         if task.job.queue not in self.queues:

@@ -308,3 +308,57 @@ def test_the_fraction_walk_does_not_settle_early_among_many_sharing_nodes():
     fast, plain = _both_ways(snapshot, _config(False), 0.0)
     assert _decisions(fast) == _decisions(plain)
     assert fast.pods["quarter-0"].node == "node-70"
+
+
+def _check_gpu_index(sess: Session) -> None:
+    """The per-node GPU arrays and the room index, kept up to date pod by pod, against the
+    same numbers counted again from the nodes' devices."""
+    from kai_ray.core.state import MILLI
+
+    counts: dict[int, int] = {}
+    for n in range(len(sess.nodes)):
+        groups = list(sess.groups[n].values())
+        used = int(sess.whole_used[n]) + len(groups)
+        rel = int(sess.whole_rel[n]) + sum(1 for g in groups
+                                           if g.used > 0 and g.used == g.releasing)
+        assert (int(sess.used_gpu[n]), int(sess.rel_gpu[n])) == (used, rel), n
+        width = sess.dev_used.shape[1]
+        assert sess.dev_on[n].tolist() == [True] * len(groups) + [False] * (width - len(groups))
+        assert sess.dev_used[n, :len(groups)].tolist() == [g.used for g in groups]
+        assert sess.dev_rel[n, :len(groups)].tolist() == [g.releasing for g in groups]
+        if not sess.schedulable[n]:
+            continue
+        free = int(sess.cap_gpu[n]) - used + rel
+        assert int(sess.gpu_free_at[n]) == free
+        assert int(sess.dev_room_at[n]) == max(
+            (MILLI - g.used + g.releasing for g in groups if g.releasing < g.used), default=-1)
+        assert int(sess.share_room_at[n]) == max(
+            (MILLI - g.used + g.releasing for g in groups if g.used < MILLI), default=-1)
+        if sess.cap_gpu[n] > 0:
+            counts[free] = counts.get(free, 0) + 1
+    assert sess.free_counts == counts
+
+
+@pytest.mark.parametrize("seed", [1, 5])
+def test_the_gpu_room_index_follows_every_change(seed):
+    """Checked after every allocation, eviction and rollback of a cycle (whole-GPU and
+    fractional pods, devices with releasing sharers, victim simulations)."""
+    checks = []
+
+    def checking(method):
+        def wrapper(sess, *args, **kwargs):
+            out = method(sess, *args, **kwargs)
+            _check_gpu_index(sess)
+            checks.append(method.__name__)
+            return out
+        return wrapper
+
+    snapshot = _half_used_devices(_some_releasing(cluster(20, seed=seed, pending_per_node=8,
+                                                          queues=1)))
+    with pytest.MonkeyPatch.context() as patch:
+        for name in ("allocate", "evict", "rollback"):
+            patch.setattr(Session, name, checking(getattr(Session, name)))
+        result = schedule(snapshot, _config(False), 0.0)
+    assert result.evictions
+    assert {name: checks.count(name) > 50 for name in ("allocate", "evict", "rollback")} == {
+        "allocate": True, "evict": True, "rollback": True}
