@@ -92,15 +92,22 @@ class _ScopeVictims:
     """One scope's victim units, their victim-order queue and what they would free together,
     updated job by job (candidate membership is fixed within an action)."""
 
-    def __init__(self, sess: Session, jobs: list[JobState]) -> None:
+    def __init__(self, sess: Session, jobs: list[JobState],
+                 known: dict[str, tuple[int, VictimUnit | None]]) -> None:
         self.units: dict[str, VictimUnit] = {}
         self.freed = Freed(sess)
+        # each job's unit as of its last change, shared by the scopes it is a candidate of
+        # (units are never changed once built)
+        self.known = known
         for job in jobs:
             self._add(job)
         self.queue: JobQueue[VictimUnit] = JobQueue(sess, self.units.values(), reverse=True)
 
     def _add(self, job: JobState) -> VictimUnit | None:
-        unit = unit_of(job)
+        known = self.known.get(job.name)
+        if known is None or known[0] != job.changes:
+            known = self.known[job.name] = (job.changes, unit_of(job))
+        unit = known[1]
         if unit is not None:
             self.units[job.name] = unit
             for t in unit.tasks:
@@ -137,6 +144,7 @@ class VictimCache:
         self.streams: dict[object, VictimStream] = {}
         self.touched: dict[object, set[str]] = {}  # per stream, jobs changed since it was built
         self.enough_all: dict[tuple[object, ...], bool] = {}
+        self.units_known: dict[str, tuple[int, VictimUnit | None]] = {}
 
     def all_enough(self, sess: Session, scope: object, all_freed: AllFreed,
                    prefix: list[Task]) -> bool:
@@ -203,7 +211,7 @@ class VictimCache:
             return self.free, all_freed, JobQueue(sess, units, reverse=True)
         if scope not in self.scopes:
             jobs = candidates()
-            self.scopes[scope] = _ScopeVictims(sess, jobs)
+            self.scopes[scope] = _ScopeVictims(sess, jobs, self.units_known)
             for job in jobs:
                 self.member_of.setdefault(job.name, []).append(self.scopes[scope])
         victims = self.scopes[scope]
