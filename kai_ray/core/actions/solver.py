@@ -334,18 +334,20 @@ class Solver:
         stream = self.cache.stream(self.sess, self.scope)
         victims = (stream.read(recorded, self.exhausted, room)
                    if stream is not None and stream.covers(recorded) else self._popped(recorded))
-        # potential victims by node, in the order they were taken: those of quiet batches
-        # (which come first) sorted by node only for the nodes a scenario needs
+        # potential victims by node, in the order they were taken (those of the quiet batch,
+        # which come first, sorted by node only once an entry may be simulated)
         quiet_batch: list[Task] = []
-        potential: dict[int, list[Task]] = {}
+        potential: dict[int, list[Task]] | None = None
         for taken, quiet in victims:
             if quiet:
                 quiet_batch.extend(taken)
                 continue  # already in `room` (see `VictimStream.read`); nothing to simulate
+            if potential is None:
+                potential = {}
+                for t in quiet_batch:
+                    potential.setdefault(t.node, []).append(t)
             for t in taken:
-                if t.node not in potential:
-                    potential[t.node] = [q for q in quiet_batch if q.node == t.node]
-                potential[t.node].append(t)
+                potential.setdefault(t.node, []).append(t)
                 room.add_victim(t)
             if not room.enough():
                 continue  # even every victim so far would not free enough GPUs: skip simulating
