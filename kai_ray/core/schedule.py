@@ -49,9 +49,8 @@ def schedule(snapshot: Snapshot, config: SchedulerConfig | None = None, now: flo
     """Run one cycle. `clock` (optional, injected by callers) only times the actions.
 
     Python's cyclic garbage collector is paused for the cycle: the session holds every task
-    and job, so each full collection walks them all, and it ran dozens of times a cycle
-    (15 % of a 5,000-node cycle, benchmarks/core_cycle.py). Memory is freed by reference
-    counting meanwhile; cycles are collected when it resumes."""
+    and job, so each full collection walks them all, and it ran dozens of times a cycle.
+    Memory is freed by reference counting meanwhile; cycles are collected when it resumes."""
     was_enabled = gc.isenabled()
     gc.disable()
     try:
