@@ -5,7 +5,8 @@
 Prints the median wall time of `schedule()` per size (and its median CPU time, which other load
 on the machine disturbs less), and per action. `--count-calls` also counts, per action, the
 victim searches (`Solver.solve`), their prefixes and simulated scenarios, plus the victim-stream
-entries popped (`more`) and streams carried over (`renew`), and the node choices (`choose`,
+entries popped (`more`), read one by one after a prefix's quiet batch (`read_one_by_one`) and
+streams carried over (`renew`), and the node choices (`choose`,
 of which `choose_among` among a few nodes with room; `binpack_whole` and `binpack_fraction`
 count the binpack walks tried for whole-GPU and fractional pods, some of which leave the choice
 to the array pass) of one cycle: where the time goes, independent of machine load.
@@ -80,6 +81,15 @@ def _count(counts: collections.Counter[str]) -> None:
     # victim-stream entries popped and streams carried over to a new state
     counted(victim_stream.VictimStream, "_more", False)
     counted(victim_stream.VictimStream, "renew", False)
+    # entries a prefix reads one by one (after its quiet batch), each tested and maybe simulated
+    read = victim_stream.VictimStream.read
+
+    @functools.wraps(read)
+    def reading(*args: object, **kwargs: object) -> object:
+        for taken, quiet in read(*args, **kwargs):  # type: ignore[arg-type]
+            counts["read_one_by_one"] += not quiet
+            yield taken, quiet
+    victim_stream.VictimStream.read = reading  # type: ignore[method-assign,assignment]
     # node choices: all, among the few nodes with room, by the binpack walk
     for name in ("choose", "_choose_among", "_binpack_whole", "_binpack_fraction"):
         counted(placement, name, False)
