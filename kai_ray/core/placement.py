@@ -350,12 +350,14 @@ def _walk(sess: Session, task: Task, nodes: npt.NDArray[np.intp]) -> tuple[Choic
     settled with no choice when no node fits."""
     order = nodes[np.lexsort((nodes, sess.gpu_free_at[nodes]))]
     first_fit = None
-    for node in order[:_FEW].tolist():
+    for j, node in enumerate(order[:_FEW].tolist()):
         fits, idle = fits_node(sess, task, node)
         if fits and idle:
             return place_on(sess, task, node, True), True
         if fits and first_fit is None:
             first_fit = node
+            if not _may_fit_on_idle(sess, task, order[j + 1:]):
+                return place_on(sess, task, node, False), True  # nothing after it can win
     rest = order[_FEW:]
     if first_fit is not None and not _may_fit_on_idle(sess, task, rest):
         return place_on(sess, task, first_fit, False), True
