@@ -346,6 +346,7 @@ class Session:
         self.nodes = nodes
         self.node_index = {n.name: i for i, n in enumerate(nodes)}
         self._name_rank: dict[str, int] | None = None
+        self._paths: dict[str, tuple[QueueState, ...]] = {}
         self._widest: int | None = None
         count = len(nodes)
         ready = np.array([n.ready and not n.unschedulable for n in nodes], dtype=bool)
@@ -448,13 +449,16 @@ class Session:
             self._name_rank = {name: i for i, name in enumerate(sorted(self.jobs))}
         return self._name_rank[job_name]
 
-    def queue_path(self, queue: str) -> list[QueueState]:
-        """Leaf first, root last."""
-        path = []
-        q = self.queues.get(queue)
-        while q is not None:
-            path.append(q)
-            q = self.queues.get(q.parent) if q.parent else None
+    def queue_path(self, queue: str) -> tuple[QueueState, ...]:
+        """Leaf first, root last (the tree is fixed for the session: remembered)."""
+        path = self._paths.get(queue)
+        if path is None:
+            walk = []
+            q = self.queues.get(queue)
+            while q is not None:
+                walk.append(q)
+                q = self.queues.get(q.parent) if q.parent else None
+            path = self._paths[queue] = tuple(walk)
         return path
 
     def _load_usage(self) -> None:
