@@ -1,6 +1,7 @@
 """One full scheduling cycle (snapshot compile + all actions) on synthetic clusters.
 
     python benchmarks/core_cycle.py [--sizes 100 1000 5000] [--repeat 5] [--count-calls]
+                                    [--compiled]
 
 Prints the median wall time of `schedule()` per size (and its median CPU time, which other load
 on the machine disturbs less), and per action. `--count-calls` also counts, per action, the
@@ -10,6 +11,9 @@ streams carried over (`renew`), and the node choices (`choose`,
 of which `choose_among` among a few nodes with room; `binpack_whole` and `binpack_fraction`
 count the binpack walks tried for whole-GPU and fractional pods, some of which leave the choice
 to the array pass) of one cycle: where the time goes, independent of machine load.
+`--compiled` runs the core compiled by mypyc, as the image ships it (built once per version of
+the core's source, about a minute; kai_ray/testing/compiled_core.py); the first line of output
+says which core ran.
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ from __future__ import annotations
 import argparse
 import collections
 import functools
+import os
 import statistics
+import subprocess
 import sys
 import time
 
@@ -25,6 +31,7 @@ from kai_ray.core import placement
 from kai_ray.core.actions import solver, victim_stream
 from kai_ray.core.schedule import schedule
 from kai_ray.sim.synthetic import cluster
+from kai_ray.testing import compiled_core
 
 
 def main() -> int:
@@ -32,7 +39,19 @@ def main() -> int:
     parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000, 5000])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--count-calls", action="store_true")
+    parser.add_argument("--compiled", action="store_true")
     args = parser.parse_args()
+    if args.compiled and not compiled_core.running_compiled():
+        if args.count_calls:
+            parser.error("--count-calls wraps Python functions: not with --compiled")
+        path = compiled_core.build(log=lambda m: print(m, file=sys.stderr))
+        env = {**compiled_core.env(path), "KAI_RAY_BENCH_COMPILED": "1"}
+        # -P: the script's own directory must not put the checkout's kai_ray first
+        return subprocess.call([sys.executable, "-P", *sys.argv], env=env)
+    if os.environ.get("KAI_RAY_BENCH_COMPILED") and not compiled_core.running_compiled():
+        raise SystemExit("the compiled core did not load (is an interpreted kai_ray first on "
+                         "sys.path?)")
+    print("core: " + ("compiled (mypyc)" if compiled_core.running_compiled() else "interpreted"))
     counts: collections.Counter[str] = collections.Counter()
     if args.count_calls:
         _count(counts)

@@ -110,7 +110,7 @@ def _divide_rounds(
             else:
                 floored = math.floor(portion)
                 if floored > 0:
-                    give = floored
+                    give = float(floored)
                 if portion - give > 0:
                     leftovers[q.name] = (portion - give, q)
             if give == 0:

@@ -46,8 +46,8 @@ without the model constraint) about as fast as the unconstrained ones.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from functools import cached_property
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
@@ -129,6 +129,10 @@ class ShapeSet:
     allowed: BoolArr  # (K, M) allowed models per shape
     weight: FloatArr  # (K,)
     memory_mib: IntArr | None = None  # (K,) typical memory; None = not limiting (lookahead)
+    # derived tables, computed once per shape set (cached_property needs an instance __dict__,
+    # which the compiled core's classes do not have): by name, arrival weights by supply bytes
+    _memo: dict[str | bytes, Any] = field(default_factory=dict, init=False, repr=False,
+                                          compare=False)
 
     def __post_init__(self) -> None:
         k = self.weight.shape[0]
@@ -142,26 +146,28 @@ class ShapeSet:
         if k and abs(float(self.weight.sum()) - 1.0) > 1e-6:
             raise ValueError(f"ShapeSet.weight: must sum to 1, got {float(self.weight.sum())}")
 
-    @cached_property
+    @property
     def leftover(self) -> FloatArr:
         """`device_leftover(self)`, computed once per shape set."""
-        return device_leftover(self)
+        got: FloatArr | None = self._memo.get("leftover")
+        if got is None:
+            got = self._memo["leftover"] = device_leftover(self)
+        return got
 
-    @cached_property
+    @property
     def base(self) -> _Base:
         """The GPU shapes merged over their model constraint, computed once per shape set."""
-        return _Base.of(self)
-
-    @cached_property
-    def _arrival_cache(self) -> dict[bytes, FloatArr]:
-        return {}
+        got: _Base | None = self._memo.get("base")
+        if got is None:
+            got = self._memo["base"] = _Base.of(self)
+        return got
 
     def arrival_weight(self, supply: FloatArr) -> FloatArr:
         """`arrival_weight(self, supply)`, cached per supply vector."""
         key = np.asarray(supply, dtype=np.float64).tobytes()
-        got = self._arrival_cache.get(key)
+        got: FloatArr | None = self._memo.get(key)
         if got is None:
-            got = self._arrival_cache[key] = arrival_weight(self, supply)
+            got = self._memo[key] = arrival_weight(self, supply)
         return got
 
 

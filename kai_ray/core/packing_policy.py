@@ -54,8 +54,8 @@ def node_state(sess: Session) -> packing.NodeState:
 
 def typical(sess: Session) -> packing.ShapeSet | None:
     """Typical shapes of the session's GPU pods (pending and placed), computed once."""
-    cached: packing.ShapeSet | None = sess.__dict__.get("typical_shapes")
-    if cached is not None or "typical_shapes" in sess.__dict__:
+    cached: packing.ShapeSet | None = sess.memo.get("typical_shapes")
+    if cached is not None or "typical_shapes" in sess.memo:
         return cached
     model_of, names = _model_ids(sess)
     # a pod pinned to GPU models (node selector or required node affinity on the product
@@ -84,7 +84,7 @@ def typical(sess: Session) -> packing.ShapeSet | None:
                 allowed[row] = False
                 allowed[row, sorted(ids)] = True
         shapes = packing.typical_shapes(cpu, num, milli, allowed)
-    sess.__dict__["typical_shapes"] = shapes
+    sess.memo["typical_shapes"] = shapes
     return shapes
 
 

@@ -47,7 +47,7 @@ def _selector_mask(sess: Session, task: Task) -> BoolArray | None:
     if not task.node_selector and task.node_affinity is None:
         return None
     key = (task.node_selector, task.node_affinity)
-    cache: dict[object, BoolArray] = sess.__dict__.setdefault("selector_masks", {})
+    cache: dict[object, BoolArray] = sess.memo.setdefault("selector_masks", {})
     mask = cache.get(key)
     if mask is None:
         names = [n.name for n in sess.nodes]
@@ -66,7 +66,7 @@ def _taint_masks(sess: Session, task: Task) -> tuple[BoolArray | None, list[tupl
     if not sess.any_taints:
         return None, []
     cache: dict[object, tuple[BoolArray | None, list[tuple[BoolArray, str]]]] = (
-        sess.__dict__.setdefault("taint_masks", {}))
+        sess.memo.setdefault("taint_masks", {}))
     known = cache.get(task.tolerations)
     if known is None:
         first = [untolerated(taints, task.tolerations) for taints in sess.node_taints]

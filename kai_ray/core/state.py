@@ -382,6 +382,9 @@ class Session:
         # the last placement and the undo length right after it (binpack fast path, common.py)
         self.sticky: tuple[Any, int] | None = None
         self.evict_info: dict[int, EvictInfo] = {}
+        # what other modules derive from the fixed parts of the snapshot once per session
+        # (node masks per selector or toleration, typical shapes), by their own keys
+        self.memo: dict[str, Any] = {}
 
         self.jobs: dict[str, JobState] = {}
         self.tasks: list[Task] = []

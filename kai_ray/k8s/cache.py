@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import threading
@@ -303,7 +304,7 @@ def may_regroup(pod: Obj, old: Obj | None) -> bool:
 
 
 def _fields(node: Node) -> dict[str, Any]:
-    return {f: getattr(node, f) for f in node.__slots__}
+    return {f.name: getattr(node, f.name) for f in dataclasses.fields(node)}
 
 
 def objects(items: Iterable[Obj]) -> dict[str, Obj]:

@@ -3,6 +3,7 @@ anything is pending. Also the JSON form for scripts."""
 
 from __future__ import annotations
 
+import dataclasses
 from collections import defaultdict
 from typing import Any
 
@@ -139,4 +140,5 @@ def as_json(scenario: Scenario, outcome: Outcome) -> dict[str, Any]:
 
 
 def vars_of(obj: Any) -> dict[str, Any]:
-    return {k: getattr(obj, k) for k in obj.__slots__}
+    # by the dataclass fields: the compiled core's classes have no __slots__ to read
+    return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}

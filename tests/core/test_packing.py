@@ -137,7 +137,7 @@ def test_frag_delta_equals_brute_force() -> None:
         base = pk.frag_amount(s, SHAPES)
         ok = pk.fits(s, req)
         assert np.isinf(delta[~ok]).all()
-        for node in np.flatnonzero(ok):
+        for node in np.flatnonzero(ok).tolist():
             best = np.inf
             devices = ([[d] for d in np.flatnonzero(s.gpu_free[node] >= req.gpu_milli)]
                        if req.shared else [pk.choose_devices("fgd", s, node, req, SHAPES)])
@@ -161,7 +161,7 @@ def test_fill_delta_equals_brute_force() -> None:
         base = pk.fill_waste(s, sh)
         ok = pk.fits(s, req)
         assert np.isinf(delta[~ok]).all()
-        for node in np.flatnonzero(ok):
+        for node in np.flatnonzero(ok).tolist():
             best = np.inf
             devices = ([[d] for d in np.flatnonzero(s.gpu_free[node] >= req.gpu_milli)]
                        if req.shared else [pk.choose_devices("lookahead", s, node, req, sh)])

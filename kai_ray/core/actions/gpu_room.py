@@ -19,10 +19,12 @@ class FreeGpus:
     few nodes with room). Computed once per job attempt: every prefix starts from this state.
     The device map is only built when a fractional request needs it."""
 
-    def __init__(self, sess: Session) -> None:
+    def __init__(self, sess: Session, whole: dict[int, int] | None = None) -> None:
         self.sess = sess
-        free = np.where(sess.schedulable, sess.free_gpu(), 0)
-        self.whole = {int(n): int(free[n]) for n in np.flatnonzero(free > 0)}
+        if whole is None:
+            free = np.where(sess.schedulable, sess.free_gpu(), 0)
+            whole = {int(n): int(free[n]) for n in np.flatnonzero(free > 0)}
+        self.whole = whole  # free whole GPUs per node that has some
         self._devices: dict[tuple[int, str], int] | None = None
         self._device_totals: tuple[int, int] | None = None
         self._top: list[tuple[int, tuple[int, str]]] | None = None
@@ -93,15 +95,7 @@ class FreeGpus:
 
     def with_freed(self, freed: Freed) -> FreeGpus:
         """The same after every victim counted in `freed` is gone."""
-        out = FreeGpus.__new__(FreeGpus)
-        out.sess = self.sess
-        out.whole = dict(self.whole)
-        out._devices = None
-        out._device_totals = None
-        out._top = None
-        out._top_count = 0
-        out._top_whole = None
-        out._whole_totals = None
+        out = FreeGpus(self.sess, dict(self.whole))
         out._freed = freed
         for node, gpus in freed.whole.items():
             if gpus:
