@@ -12,6 +12,7 @@ from typing import Any
 
 from kubernetes import client
 
+from kai_ray import core
 from kai_ray.core.model import ACTIVE_ALLOCATED, PodStatus, SchedulerConfig, Snapshot
 from kai_ray.core.result import CycleResult
 from kai_ray.core.schedule import schedule
@@ -208,6 +209,7 @@ class SchedulerLoop:
             wake.wait(max(0.0, last + self.config.period_s - time.monotonic()))
 
     def run(self, is_leader: Any = None) -> None:
+        log.info("scheduling core: %s", "compiled (mypyc)" if core.COMPILED else "interpreted")
         if self.grouper is not None and (self._grouping is None
                                          or not self._grouping.is_alive()):
             self._grouping = threading.Thread(target=self._group_forever, args=(is_leader,),

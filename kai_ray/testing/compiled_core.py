@@ -90,6 +90,6 @@ def env(path: Path) -> dict[str, str]:
 
 def running_compiled() -> bool:
     """Whether this process runs the compiled core."""
-    from kai_ray.core import state
+    from kai_ray import core
 
-    return not str(state.__file__).endswith(".py")
+    return core.COMPILED
