@@ -91,8 +91,8 @@ def _shared_candidates(sess: Session, task: Task, node: int) -> tuple[list[Group
     cost = sess.device_cost(task.req, node)
     fitting = [g for g in sess.groups[node].values()
                if MILLI - g.used + g.releasing - cost >= 0 and g.releasing < g.used]
-    idle_whole = int(sess.cap_gpu[node] - sess.used_gpu[node])
-    rel_whole = int(sess.rel_gpu[node])
+    idle_whole = sess.at.cap_gpu[node] - sess.at.used_gpu[node]
+    rel_whole = sess.at.rel_gpu[node]
     return fitting, idle_whole, rel_whole
 
 
@@ -154,7 +154,8 @@ def feasible(sess: Session, task: Task, explain: bool = False
 def fits_node(sess: Session, task: Task, node: int) -> tuple[bool, bool]:
     """(fits, fits on idle) on one node, without touching the others (scalar fast path)."""
     req = task.req
-    if not sess.schedulable[node] or sess.used_pods[node] >= sess.max_pods[node]:
+    at = sess.at
+    if not at.schedulable[node] or at.used_pods[node] >= at.max_pods[node]:
         return False, False
     sel = _selector_mask(sess, task)
     if sel is not None and not sel[node]:
@@ -162,24 +163,24 @@ def fits_node(sess: Session, task: Task, node: int) -> tuple[bool, bool]:
     tolerated = _taint_masks(sess, task)[0]
     if tolerated is not None and not tolerated[node]:
         return False, False
-    idle_cpu = int(sess.cap_cpu[node] - sess.used_cpu[node])
-    idle_mem = int(sess.cap_mem[node] - sess.used_mem[node])
-    if idle_cpu + int(sess.rel_cpu[node]) < req.cpu_m:
+    idle_cpu = at.cap_cpu[node] - at.used_cpu[node]
+    idle_mem = at.cap_mem[node] - at.used_mem[node]
+    if idle_cpu + at.rel_cpu[node] < req.cpu_m:
         return False, False
-    if idle_mem + int(sess.rel_mem[node]) < req.memory:
+    if idle_mem + at.rel_mem[node] < req.memory:
         return False, False
     idle = idle_cpu >= req.cpu_m and idle_mem >= req.memory
-    idle_gpu = int(sess.cap_gpu[node] - sess.used_gpu[node])
+    idle_gpu = at.cap_gpu[node] - at.used_gpu[node]
     if req.gpus:
-        if idle_gpu + int(sess.rel_gpu[node]) < req.gpus:
+        if idle_gpu + at.rel_gpu[node] < req.gpus:
             return False, False
         return True, idle and idle_gpu >= req.gpus
     if req.is_shared:
-        if req.gpu_memory_mib and not (sess.gpu_mem_synced[node]
-                                       and sess.gpu_mem[node] >= req.gpu_memory_mib):
+        if req.gpu_memory_mib and not (at.gpu_mem_synced[node]
+                                       and at.gpu_mem[node] >= req.gpu_memory_mib):
             return False, False
         fitting, idle_whole, rel_whole = _shared_candidates(sess, task, node)
-        if sess.used_pods[node] + 2 > sess.max_pods[node]:
+        if at.used_pods[node] + 2 > at.max_pods[node]:
             idle_whole = rel_whole = 0
         if len(fitting) + idle_whole + rel_whole < req.fraction_devices:
             return False, False
@@ -416,7 +417,7 @@ def _choose_among(sess: Session, task: Task, nodes: list[int], explain: bool
     bonus = not spread and not task.req.gpus
     best: tuple[float, int, bool] | None = None
     for node, idle in fitting:
-        free, total = float(sess.gpu_free_at[node]), float(sess.cap_gpu[node])
+        free, total = float(sess.at.gpu_free_at[node]), float(sess.at.cap_gpu[node])
         if total <= 0:
             base = 0.0
         elif spread:

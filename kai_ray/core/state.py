@@ -336,6 +336,32 @@ def leq(a: Iterable[float], b: Iterable[float]) -> bool:
     return True
 
 
+class NodeScalars:
+    """Python-list copies of the per-node arrays, for reading and writing one node at a time:
+    a numpy item read makes a numpy scalar (several hundred instructions, about a tenth of a
+    cycle went to them), a list item read does not. The arrays stay, for passes over every
+    node, and are written alongside (`Session` keeps both the same; tests check it)."""
+
+    def __init__(self, sess: Session) -> None:
+        self.schedulable: list[bool] = sess.schedulable.tolist()
+        self.cap_cpu: list[int] = sess.cap_cpu.tolist()
+        self.cap_mem: list[int] = sess.cap_mem.tolist()
+        self.cap_gpu: list[int] = sess.cap_gpu.tolist()
+        self.max_pods: list[int] = sess.max_pods.tolist()
+        self.gpu_mem: list[int] = sess.gpu_mem.tolist()
+        self.gpu_mem_synced: list[bool] = sess.gpu_mem_synced.tolist()
+        count = len(self.cap_cpu)
+        self.used_cpu = [0] * count
+        self.rel_cpu = [0] * count
+        self.used_mem = [0] * count
+        self.rel_mem = [0] * count
+        self.used_pods = [0] * count
+        self.used_gpu = [0] * count
+        self.rel_gpu = [0] * count
+        self.gpu_free_at = [-1] * count  # see `Session._index_gpu_room`
+        self.counted = [False] * count
+
+
 class Session:
     """Cluster, jobs and queues for one cycle, with checkpoint/rollback."""
 
@@ -366,8 +392,9 @@ class Session:
         self.used_mem = np.zeros(count, dtype=np.int64)
         self.rel_mem = np.zeros(count, dtype=np.int64)
         self.used_pods = np.zeros(count, dtype=np.int64)
-        self.whole_used = np.zeros(count, dtype=np.int64)  # whole-GPU pods' devices
-        self.whole_rel = np.zeros(count, dtype=np.int64)
+        # whole-GPU pods' devices, and the releasing part (one node at a time only: lists)
+        self.whole_used = [0] * count
+        self.whole_rel = [0] * count
         self.used_gpu = np.zeros(count, dtype=np.int64)  # whole + one per shared group
         self.rel_gpu = np.zeros(count, dtype=np.int64)
         self.groups: list[dict[str, Group]] = [{} for _ in range(count)]
@@ -377,6 +404,7 @@ class Session:
         self.dev_rel = np.zeros((count, width), dtype=np.int64)
         self.dev_on = np.zeros((count, width), dtype=bool)
         self.indexed = False  # the GPU room index exists (built after the snapshot's usage)
+        self.at = NodeScalars(self)
         self.undo: list[tuple[object, ...]] = []
         self.job_errors: dict[str, JobError] = {}
         # the last placement and the undo length right after it (binpack fast path, common.py)
@@ -497,13 +525,13 @@ class Session:
         """Milli of one device a shared request takes on this node."""
         if req.gpu_fraction_milli:
             return req.gpu_fraction_milli
-        return math.ceil(req.gpu_memory_mib * MILLI / int(self.gpu_mem[node]))
+        return math.ceil(req.gpu_memory_mib * MILLI / self.at.gpu_mem[node])
 
     def portion(self, req: Request, node: int) -> float:
         """GPU portion recorded for a shared pod on this node (gpu-memory rounds up to 1/100)."""
         if req.gpu_fraction_milli:
             return req.gpu_fraction_milli / MILLI
-        return math.ceil(req.gpu_memory_mib / int(self.gpu_mem[node]) * 100) / 100
+        return math.ceil(req.gpu_memory_mib / self.at.gpu_mem[node] * 100) / 100
 
     def task_queue_amount(self, task: Task) -> tuple[float, float, float]:
         req = task.req
@@ -547,21 +575,25 @@ class Session:
         self.free_counts: dict[int, int] = {}
         for value in self.gpu_free_at[gpu_nodes].tolist():
             self.free_counts[value] = self.free_counts.get(value, 0) + 1
-        self._counted = gpu_nodes
+        self.at.gpu_free_at = self.gpu_free_at.tolist()
+        self.at.counted = gpu_nodes.tolist()
         self.indexed = True
 
     def _reindex_gpu_room(self, node: int, devices: bool = True) -> None:
-        if not self.schedulable[node]:
+        at = self.at
+        if not at.schedulable[node]:
             return
-        free = int(self.cap_gpu[node] - self.used_gpu[node] + self.rel_gpu[node])
-        old = int(self.gpu_free_at[node])
-        if free != old and self._counted[node]:
-            counts = self.free_counts
-            counts[old] -= 1
-            if not counts[old]:
-                del counts[old]
-            counts[free] = counts.get(free, 0) + 1
-        self.gpu_free_at[node] = free
+        free = at.cap_gpu[node] - at.used_gpu[node] + at.rel_gpu[node]
+        old = at.gpu_free_at[node]
+        if free != old:
+            if at.counted[node]:
+                counts = self.free_counts
+                counts[old] -= 1
+                if not counts[old]:
+                    del counts[old]
+                counts[free] = counts.get(free, 0) + 1
+            at.gpu_free_at[node] = free
+            self.gpu_free_at[node] = free
         if not devices:
             return
         groups = self.groups[node].values()
@@ -574,22 +606,27 @@ class Session:
         """Recount the node's GPUs and mirror its shared devices into the device arrays
         (`devices` false: they did not change, a whole-GPU pod came or went)."""
         groups = self.groups[node]
-        self.used_gpu[node] = self.whole_used[node] + len(groups)
+        at = self.at
+        used = self.whole_used[node] + len(groups)
+        if used != at.used_gpu[node]:
+            at.used_gpu[node] = used
+            self.used_gpu[node] = used
+        rel = self.whole_rel[node] + (sum(1 for g in groups.values()
+                                          if g.used > 0 and g.used == g.releasing)
+                                      if groups else 0)
+        if rel != at.rel_gpu[node]:
+            at.rel_gpu[node] = rel
+            self.rel_gpu[node] = rel
         if not devices:
-            self.rel_gpu[node] = self.whole_rel[node] + sum(
-                1 for g in groups.values() if g.used > 0 and g.used == g.releasing)
             if self.indexed:
                 self._reindex_gpu_room(node, devices=False)
             return
         if not groups:
-            self.rel_gpu[node] = self.whole_rel[node]
             if self.dev_on[node].any():
                 self.dev_on[node] = False
             if self.indexed:
                 self._reindex_gpu_room(node)
             return
-        self.rel_gpu[node] = self.whole_rel[node] + sum(
-            1 for g in groups.values() if g.used > 0 and g.used == g.releasing)
         count, width = len(groups), self.dev_used.shape[1]
         if count > width:
             self._grow_devices(count)
@@ -612,9 +649,7 @@ class Session:
     def _place_resources(self, task: Task, node: int, groups: tuple[str, ...],
                          existing: bool = False) -> None:
         req = task.req
-        self.used_cpu[node] += req.cpu_m
-        self.used_mem[node] += req.memory
-        self.used_pods[node] += 1
+        self._add_usage(node, req.cpu_m, req.memory, 1)
         if req.gpus:
             self.whole_used[node] += req.gpus
         elif req.is_shared:
@@ -635,9 +670,7 @@ class Session:
 
     def _remove_resources(self, task: Task) -> None:
         node, req = task.node, task.req
-        self.used_cpu[node] -= req.cpu_m
-        self.used_mem[node] -= req.memory
-        self.used_pods[node] -= 1
+        self._add_usage(node, -req.cpu_m, -req.memory, -1)
         if req.gpus:
             self.whole_used[node] -= req.gpus
         elif req.is_shared:
@@ -652,10 +685,31 @@ class Session:
         task.node = -1
         task.groups = ()
 
+    def _add_usage(self, node: int, cpu: int, memory: int, pods: int) -> None:
+        at = self.at
+        if cpu:
+            value = at.used_cpu[node] + cpu
+            at.used_cpu[node] = value
+            self.used_cpu[node] = value
+        if memory:
+            value = at.used_mem[node] + memory
+            at.used_mem[node] = value
+            self.used_mem[node] = value
+        value = at.used_pods[node] + pods
+        at.used_pods[node] = value
+        self.used_pods[node] = value
+
     def _mark_releasing(self, task: Task, sign: int) -> None:
         node, req = task.node, task.req
-        self.rel_cpu[node] += sign * req.cpu_m
-        self.rel_mem[node] += sign * req.memory
+        at = self.at
+        if req.cpu_m:
+            value = at.rel_cpu[node] + sign * req.cpu_m
+            at.rel_cpu[node] = value
+            self.rel_cpu[node] = value
+        if req.memory:
+            value = at.rel_mem[node] + sign * req.memory
+            at.rel_mem[node] = value
+            self.rel_mem[node] = value
         if req.gpus:
             self.whole_rel[node] += sign * req.gpus
         elif req.is_shared:

@@ -310,9 +310,15 @@ def test_the_fraction_walk_does_not_settle_early_among_many_sharing_nodes():
     assert fast.pods["quarter-0"].node == "node-70"
 
 
+_MIRRORED = ("schedulable", "cap_cpu", "cap_mem", "cap_gpu", "max_pods", "gpu_mem",
+             "gpu_mem_synced", "used_cpu", "rel_cpu", "used_mem", "rel_mem", "used_pods",
+             "used_gpu", "rel_gpu")
+
+
 def _check_gpu_index(sess: Session) -> None:
     """The per-node GPU arrays and the room index, kept up to date pod by pod, against the
-    same numbers counted again from the nodes' devices."""
+    same numbers counted again from the nodes' devices; the per-node list copies
+    (`Session.at`) against the arrays."""
     from kai_ray.core.state import MILLI
 
     counts: dict[int, int] = {}
@@ -322,6 +328,10 @@ def _check_gpu_index(sess: Session) -> None:
         rel = int(sess.whole_rel[n]) + sum(1 for g in groups
                                            if g.used > 0 and g.used == g.releasing)
         assert (int(sess.used_gpu[n]), int(sess.rel_gpu[n])) == (used, rel), n
+        # the list copies one-node reads use, against the arrays whole-cluster passes use
+        at = sess.at
+        assert [getattr(at, name)[n] for name in _MIRRORED] == [
+            getattr(sess, name)[n].item() for name in _MIRRORED], n
         width = sess.dev_used.shape[1]
         assert sess.dev_on[n].tolist() == [True] * len(groups) + [False] * (width - len(groups))
         assert sess.dev_used[n, :len(groups)].tolist() == [g.used for g in groups]
@@ -329,7 +339,7 @@ def _check_gpu_index(sess: Session) -> None:
         if not sess.schedulable[n]:
             continue
         free = int(sess.cap_gpu[n]) - used + rel
-        assert int(sess.gpu_free_at[n]) == free
+        assert int(sess.gpu_free_at[n]) == free == sess.at.gpu_free_at[n]
         assert int(sess.dev_room_at[n]) == max(
             (MILLI - g.used + g.releasing for g in groups if g.releasing < g.used), default=-1)
         assert int(sess.share_room_at[n]) == max(

@@ -119,7 +119,7 @@ class Freed:
         self.device: dict[tuple[int, str], int] = {}
 
     def add(self, t: Task, sign: int) -> None:
-        if t.node < 0 or not self.sess.schedulable[t.node]:
+        if t.node < 0 or not self.sess.at.schedulable[t.node]:
             return
         if t.req.gpus:
             _bump(self.whole, t.node, sign * t.req.gpus)
@@ -286,7 +286,7 @@ class GpuRoom:
         """Count victim `t` as gone: its whole GPUs, or its share of each of its devices (a
         device all of whose sharers go becomes a whole GPU: its room is set to 0)."""
         sess = self.sess
-        if t.node < 0 or not sess.schedulable[t.node]:
+        if t.node < 0 or not sess.at.schedulable[t.node]:
             return
         base = self.base.whole
         if t.req.gpus:
@@ -387,9 +387,10 @@ class AllFreed:
         """One node as `FreeGpus.with_freed(freed)` sees it: free whole GPUs (a device all of
         whose victims go counts as one) and the rooms of its live shared devices."""
         sess = self.sess
-        if not sess.schedulable[node]:
+        at = sess.at
+        if not at.schedulable[node]:
             return 0, []
-        free = int(sess.cap_gpu[node] - sess.used_gpu[node] + sess.rel_gpu[node])
+        free = at.cap_gpu[node] - at.used_gpu[node] + at.rel_gpu[node]
         whole = max(free, 0) + self.freed.whole.get(node, 0)
         rooms = []
         for gid, group in sess.groups[node].items():

@@ -187,7 +187,7 @@ class VictimStream:
         self.events.append(events)
         self.whole.append((self.whole[-1] if self.whole else 0) + sum(gains.values()))
         self.milli.append((self.milli[-1] if self.milli else 0) + MILLI * sum(
-            t.req.gpus for t in taken if t.node >= 0 and self.sess.schedulable[t.node])
+            t.req.gpus for t in taken if t.node >= 0 and self.sess.at.schedulable[t.node])
             + sum(cost for _, cost in events))
         for tally in self.tallies.values():
             tally.step(self.sess, gains, events)
@@ -211,7 +211,7 @@ class VictimStream:
         gains: dict[int, int] = {}
         events: list[tuple[tuple[int, str], int]] = []
         for t in tasks:
-            if t.node < 0 or not sess.schedulable[t.node]:
+            if t.node < 0 or not sess.at.schedulable[t.node]:
                 continue
             if t.req.gpus:
                 gains[t.node] = gains.get(t.node, 0) + t.req.gpus
@@ -357,7 +357,7 @@ class VictimStream:
             return 0
         sess = self.sess
         need_whole = sum(room.whole_needed)
-        extra = [t for t in (*recorded, *others) if t.node >= 0 and sess.schedulable[t.node]]
+        extra = [t for t in (*recorded, *others) if t.node >= 0 and sess.at.schedulable[t.node]]
         # whole GPUs beyond the tallies', per node: what the recorded victims free (exactly,
         # from `room`), one per device they leave partly freed (a victim in the stream may
         # finish it), and all the side units could take
@@ -369,7 +369,7 @@ class VictimStream:
                 on_node[node] = on_node.get(node, 0) + 1
                 recorded_places += 1
         for t in others:
-            if t.node >= 0 and sess.schedulable[t.node]:
+            if t.node >= 0 and sess.at.schedulable[t.node]:
                 on_node[t.node] = on_node.get(t.node, 0) + (t.req.gpus or len(t.groups))
         on_node = {n: v for n, v in on_node.items() if v > 0}
         until = 0
@@ -388,7 +388,7 @@ class VictimStream:
             # places of c the recorded victims give: per whole GPU they free, and per device
             # they leave partly freed (with victims in the stream it may hold that many,
             # whatever the tallies count for it), MILLI // c; the side units counted high
-            side = [t for t in others if t.node >= 0 and sess.schedulable[t.node]]
+            side = [t for t in others if t.node >= 0 and sess.at.schedulable[t.node]]
             for c in sorted(set(room.fractions_needed)):
                 count = sum(1 for need in room.fractions_needed if need >= c)
                 per_whole = MILLI // c
