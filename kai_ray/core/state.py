@@ -7,7 +7,7 @@ gang that does not fit is rolled back to a checkpoint without a trace (KAI's Sta
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -322,9 +322,12 @@ class Group:
     tasks: set[int] = field(default_factory=set)
 
 
-def leq(a: Iterable[float], b: Iterable[float]) -> bool:
+def leq(a: Sequence[float], b: Sequence[float]) -> bool:
     """KAI's LessEqual over resources, where -1 is infinite."""
-    for x, y in zip(a, b, strict=True):
+    if len(a) != len(b):
+        raise ValueError(f"leq: {len(a)} resources against {len(b)}")
+    for i in range(len(a)):
+        x, y = a[i], b[i]
         if x == -1:
             if y != -1:
                 return False
@@ -358,8 +361,15 @@ class NodeScalars:
         self.used_pods = [0] * count
         self.used_gpu = [0] * count
         self.rel_gpu = [0] * count
-        self.gpu_free_at = [-1] * count  # see `Session._index_gpu_room`
+        # the GPU room index (see `Session._index_gpu_room`)
+        self.gpu_free_at = [-1] * count
+        self.dev_room_at = [-1] * count
+        self.share_room_at = [-1] * count
         self.counted = [False] * count
+        # each node's shared devices as the device arrays hold them (slot order), used and
+        # releasing milli: only the slots that change are written to the arrays
+        self.dev_used: list[list[int]] = [[] for _ in range(count)]
+        self.dev_rel: list[list[int]] = [[] for _ in range(count)]
 
 
 class Session:
@@ -576,6 +586,8 @@ class Session:
         for value in self.gpu_free_at[gpu_nodes].tolist():
             self.free_counts[value] = self.free_counts.get(value, 0) + 1
         self.at.gpu_free_at = self.gpu_free_at.tolist()
+        self.at.dev_room_at = self.dev_room_at.tolist()
+        self.at.share_room_at = self.share_room_at.tolist()
         self.at.counted = gpu_nodes.tolist()
         self.indexed = True
 
@@ -597,10 +609,15 @@ class Session:
         if not devices:
             return
         groups = self.groups[node].values()
-        self.dev_room_at[node] = max(
-            (MILLI - g.used + g.releasing for g in groups if g.releasing < g.used), default=-1)
-        self.share_room_at[node] = max(
-            (MILLI - g.used + g.releasing for g in groups if g.used < MILLI), default=-1)
+        room = max((MILLI - g.used + g.releasing for g in groups if g.releasing < g.used),
+                   default=-1)
+        if room != at.dev_room_at[node]:
+            at.dev_room_at[node] = room
+            self.dev_room_at[node] = room
+        share = max((MILLI - g.used + g.releasing for g in groups if g.used < MILLI), default=-1)
+        if share != at.share_room_at[node]:
+            at.share_room_at[node] = share
+            self.share_room_at[node] = share
 
     def _refresh_gpu(self, node: int, devices: bool = True) -> None:
         """Recount the node's GPUs and mirror its shared devices into the device arrays
@@ -621,21 +638,31 @@ class Session:
             if self.indexed:
                 self._reindex_gpu_room(node, devices=False)
             return
-        if not groups:
-            if self.dev_on[node].any():
-                self.dev_on[node] = False
-            if self.indexed:
-                self._reindex_gpu_room(node)
-            return
-        count, width = len(groups), self.dev_used.shape[1]
-        if count > width:
-            self._grow_devices(count)
-            width = count
-        # one row write per array (element writes cost as much each)
-        pad = [0] * (width - count)
-        self.dev_on[node] = [True] * count + [False] * (width - count)
-        self.dev_used[node] = [g.used for g in groups.values()] + pad
-        self.dev_rel[node] = [g.releasing for g in groups.values()] + pad
+        used_row = [g.used for g in groups.values()]
+        rel_row = [g.releasing for g in groups.values()]
+        old_used, old_rel = at.dev_used[node], at.dev_rel[node]
+        count = len(used_row)
+        if count != len(old_used):
+            # slots came or went: whole rows (the rows of a node without devices are left as
+            # they were, `dev_on` masks them)
+            width = self.dev_used.shape[1]
+            if count > width:
+                self._grow_devices(count)
+                width = count
+            self.dev_on[node] = [True] * count + [False] * (width - count)
+            if count:
+                pad = [0] * (width - count)
+                self.dev_used[node] = used_row + pad
+                self.dev_rel[node] = rel_row + pad
+        else:
+            # the slots that changed only (a row write converts a whole list)
+            for slot in range(count):
+                if used_row[slot] != old_used[slot]:
+                    self.dev_used[node, slot] = used_row[slot]
+                if rel_row[slot] != old_rel[slot]:
+                    self.dev_rel[node, slot] = rel_row[slot]
+        at.dev_used[node] = used_row
+        at.dev_rel[node] = rel_row
         if self.indexed:
             self._reindex_gpu_room(node)
 
