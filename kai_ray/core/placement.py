@@ -13,6 +13,7 @@ what decides otherwise (and what the shortcuts are tested against).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -294,12 +295,18 @@ def choose(sess: Session, task: Task, explain: bool = True
     """Best node for `task`, or None with the failed-predicate histogram (empty unless
     `explain`: simulations do not need it). A virtually evicted victim is placed like any task;
     if that lands it where it was, the session un-evicts it."""
+    if task.req.gpus and sess.config.gpu_packing == "kai":
+        few, order = _whole_candidates(sess, task.req.gpus)
+        if few:
+            return _choose_among(sess, task, sorted(order), explain)
+        packed = _binpack_whole(sess, task, order)
+        if packed is not None:
+            return packed, {}
     cand = _gpu_candidates(sess, task)
     if cand is not None and len(cand) <= _FEW:
         return _choose_among(sess, task, cand.tolist(), explain)
     if cand is not None:
-        packed = (_binpack_whole(sess, task, cand) if task.req.gpus
-                  else _binpack_fraction(sess, task, cand))
+        packed = _binpack_fraction(sess, task, cand)
         if packed is not None:
             return packed, {}
     fits, fits_idle, _ = feasible(sess, task)
@@ -317,15 +324,31 @@ def choose(sess: Session, task: Task, explain: bool = True
     return place_on(sess, task, node, bool(fits_idle[node])), {}
 
 
+def _whole_candidates(sess: Session, gpus: int) -> tuple[bool, list[int]]:
+    """The nodes with `gpus` free whole GPUs or more (a superset of those a whole-GPU pod fits
+    on), from the session's GPU room index, in binpack walk order: by free GPUs, then node.
+    (few, nodes): when there are more than _FEW, only what a walk can reach is listed (the
+    first _FEW + 1, enough to tell that more are left)."""
+    by_free = sess.by_free
+    values = sorted(v for v in by_free if v >= gpus)
+    if sum(len(by_free[v]) for v in values) <= _FEW:
+        return True, [node for v in values for node in by_free[v]]
+    order: list[int] = []
+    for v in values:
+        order.extend(by_free[v][:_FEW + 1 - len(order)])
+        if len(order) > _FEW:
+            break
+    return False, order
+
+
 def _gpu_candidates(sess: Session, task: Task) -> npt.NDArray[np.intp] | None:
-    """The nodes with GPU room for `task` (a superset of those it fits on), from the
-    session's GPU room index: on a busy cluster most nodes are ruled out by it alone."""
+    """The nodes with GPU room for fractional `task` (a superset of those it fits on), from
+    the session's GPU room index: on a busy cluster most nodes are ruled out by it alone.
+    (Whole-GPU pods: `_whole_candidates`.)"""
     req = task.req
-    if sess.config.gpu_packing != "kai":
+    if sess.config.gpu_packing != "kai" or req.gpus:
         return None
-    if req.gpus:
-        cand = np.flatnonzero(sess.gpu_free_at >= req.gpus)
-    elif req.gpu_fraction_milli:
+    if req.gpu_fraction_milli:
         cand = np.flatnonzero((sess.dev_room_at >= req.gpu_fraction_milli)
                               | (sess.gpu_free_at >= 1))
     else:
@@ -333,36 +356,55 @@ def _gpu_candidates(sess: Session, task: Task) -> npt.NDArray[np.intp] | None:
     return cand
 
 
-def _binpack_whole(sess: Session, task: Task, cand: npt.NDArray[np.intp]) -> Choice | None:
-    """Binpack for a whole-GPU task without scoring every node (`_walk`). None when that does
-    not settle it: the array path decides."""
-    if not task.req.gpus or sess.config.placement.gpu == "spread" or not sess.free_counts:
+def _binpack_whole(sess: Session, task: Task, order: list[int]) -> Choice | None:
+    """Binpack for a whole-GPU task without scoring every node (`_walk` over more than _FEW
+    candidates, `order` from `_whole_candidates`). None when that does not settle it: the
+    array path decides."""
+    if sess.config.placement.gpu == "spread" or not sess.free_counts:
         return None
-    return _walk(sess, task, cand)[0]
+    gpus = task.req.gpus
+    # every node with that many idle GPUs is a candidate: those after position k are the
+    # ones in all but those in the first k
+    idle_fits = sum(count for value, count in sess.idle_counts.items() if value >= gpus)
+    idle_at = sess.at.idle_at
+
+    def idle_after(k: int) -> bool:
+        return idle_fits > sum(1 for node in order[:k] if idle_at[node] >= gpus)
+
+    return _walk(sess, task, order, idle_after, True)[0]
 
 
-def _walk(sess: Session, task: Task, nodes: npt.NDArray[np.intp]) -> tuple[Choice | None, bool]:
-    """The binpack winner among `nodes` when they all score alike but for fitting on idle
-    resources (100) and 0..9 falling with the node's free GPUs: the first node, by free GPUs
-    then index, that fits on idle; when none can (a full cluster where only releasing
-    resources are left), the first that fits at all. (When every node has as many free GPUs,
-    the order is the nodes' order and the scores tie but for those 100: the same.) Returns
+def _walk(sess: Session, task: Task, order: list[int], idle_after: Callable[[int], bool],
+          more: bool) -> tuple[Choice | None, bool]:
+    """The binpack winner among nodes in `order` (by free GPUs, then node; the first _FEW
+    at least; `more`: there are more than _FEW) when they all score alike but for fitting
+    on idle resources (100) and 0..9 falling with the node's free GPUs: the first node that
+    fits on idle; when none can (a full cluster where only releasing resources are left),
+    the first that fits at all. (When every node has as many free GPUs, the order is the
+    nodes' order and the scores tie but for those 100: the same.) `idle_after(k)`: whether
+    the task's GPUs may fit on idle resources on some node from position k on. Returns
     (choice, settled): not settled when the first _FEW nodes in that order leave it open;
     settled with no choice when no node fits."""
-    order = nodes[np.lexsort((nodes, sess.gpu_free_at[nodes]))]
     first_fit = None
-    for j, node in enumerate(order[:_FEW].tolist()):
+    for j, node in enumerate(order[:_FEW]):
         fits, idle = fits_node(sess, task, node)
         if fits and idle:
             return place_on(sess, task, node, True), True
         if fits and first_fit is None:
             first_fit = node
-            if not _may_fit_on_idle(sess, task, order[j + 1:]):
+            if not idle_after(j + 1):
                 return place_on(sess, task, node, False), True  # nothing after it can win
-    rest = order[_FEW:]
-    if first_fit is not None and not _may_fit_on_idle(sess, task, rest):
+    if first_fit is not None and not idle_after(_FEW):
         return place_on(sess, task, first_fit, False), True
-    return None, first_fit is None and not len(rest)
+    return None, first_fit is None and not more
+
+
+def _walk_array(sess: Session, task: Task, nodes: npt.NDArray[np.intp]
+                ) -> tuple[Choice | None, bool]:
+    """`_walk` over the nodes of an array, in any order."""
+    order = nodes[np.lexsort((nodes, sess.gpu_free_at[nodes]))]
+    return _walk(sess, task, order[:_FEW + 1].tolist(),
+                 lambda k: _may_fit_on_idle(sess, task, order[k:]), len(order) > _FEW)
 
 
 def _may_fit_on_idle(sess: Session, task: Task, nodes: npt.NDArray[np.intp]) -> bool:
@@ -390,10 +432,10 @@ def _binpack_fraction(sess: Session, task: Task, cand: npt.NDArray[np.intp]) -> 
         return None
     sharing = np.flatnonzero(sess.share_room_at >= cost)  # all among `cand`
     if len(sharing):
-        picked, settled = _walk(sess, task, sharing)
+        picked, settled = _walk_array(sess, task, sharing)
         if picked is not None or not settled:
             return picked
-    return _walk(sess, task, cand)[0]  # none of the sharing nodes fits
+    return _walk_array(sess, task, cand)[0]  # none of the sharing nodes fits
 
 
 def _choose_among(sess: Session, task: Task, nodes: list[int], explain: bool

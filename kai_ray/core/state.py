@@ -7,6 +7,7 @@ gang that does not fit is rolled back to a checkpoint without a trace (KAI's Sta
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, insort
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -322,6 +323,14 @@ class Group:
     tasks: set[int] = field(default_factory=set)
 
 
+def _recount(counts: dict[int, int], old: int, new: int) -> None:
+    """Move one count from value `old` to value `new` (no zero counts are kept)."""
+    counts[old] -= 1
+    if not counts[old]:
+        del counts[old]
+    counts[new] = counts.get(new, 0) + 1
+
+
 def leq(a: Sequence[float], b: Sequence[float]) -> bool:
     """KAI's LessEqual over resources, where -1 is infinite."""
     if len(a) != len(b):
@@ -365,6 +374,7 @@ class NodeScalars:
         self.gpu_free_at = [-1] * count
         self.dev_room_at = [-1] * count
         self.share_room_at = [-1] * count
+        self.idle_at = [0] * count  # idle whole GPUs (cap_gpu - used_gpu), with the index
         self.counted = [False] * count
         # each node's shared devices as the device arrays hold them (slot order), used and
         # releasing milli: only the slots that change are written to the arrays
@@ -583,8 +593,18 @@ class Session:
                           MILLI - self.dev_used + self.dev_rel, -1)
         self.share_room_at = np.where(self.schedulable, partly.max(axis=1), -1)
         self.free_counts: dict[int, int] = {}
-        for value in self.gpu_free_at[gpu_nodes].tolist():
+        # the same nodes by free GPUs, each list in node order: a whole-GPU pod's candidates
+        # in binpack order without a pass over every node (placement._whole_candidates); and
+        # how many have each number of idle GPUs (is any left that fits on idle?)
+        self.by_free: dict[int, list[int]] = {}
+        self.idle_counts: dict[int, int] = {}
+        idle = self.cap_gpu - self.used_gpu
+        for node in np.flatnonzero(gpu_nodes).tolist():
+            value = int(self.gpu_free_at[node])
             self.free_counts[value] = self.free_counts.get(value, 0) + 1
+            self.by_free.setdefault(value, []).append(node)
+            self.idle_counts[int(idle[node])] = self.idle_counts.get(int(idle[node]), 0) + 1
+        self.at.idle_at = idle.tolist()
         self.at.gpu_free_at = self.gpu_free_at.tolist()
         self.at.dev_room_at = self.dev_room_at.tolist()
         self.at.share_room_at = self.share_room_at.tolist()
@@ -595,17 +615,27 @@ class Session:
         at = self.at
         if not at.schedulable[node]:
             return
-        free = at.cap_gpu[node] - at.used_gpu[node] + at.rel_gpu[node]
+        idle = at.cap_gpu[node] - at.used_gpu[node]
+        free = idle + at.rel_gpu[node]
         old = at.gpu_free_at[node]
         if free != old:
             if at.counted[node]:
-                counts = self.free_counts
-                counts[old] -= 1
-                if not counts[old]:
-                    del counts[old]
-                counts[free] = counts.get(free, 0) + 1
+                _recount(self.free_counts, old, free)
+                bucket = self.by_free[old]
+                del bucket[bisect_left(bucket, node)]
+                if not bucket:
+                    del self.by_free[old]
+                bucket = self.by_free.get(free)
+                if bucket is None:
+                    self.by_free[free] = [node]
+                else:
+                    insort(bucket, node)
             at.gpu_free_at[node] = free
             self.gpu_free_at[node] = free
+        if idle != at.idle_at[node]:
+            if at.counted[node]:
+                _recount(self.idle_counts, at.idle_at[node], idle)
+            at.idle_at[node] = idle
         if not devices:
             return
         groups = self.groups[node].values()

@@ -322,6 +322,8 @@ def _check_gpu_index(sess: Session) -> None:
     from kai_ray.core.state import MILLI
 
     counts: dict[int, int] = {}
+    by_free: dict[int, list[int]] = {}
+    idle_counts: dict[int, int] = {}
     for n in range(len(sess.nodes)):
         groups = list(sess.groups[n].values())
         used = int(sess.whole_used[n]) + len(groups)
@@ -350,7 +352,13 @@ def _check_gpu_index(sess: Session) -> None:
             (MILLI - g.used + g.releasing for g in groups if g.used < MILLI), default=-1)
         if sess.cap_gpu[n] > 0:
             counts[free] = counts.get(free, 0) + 1
+            by_free.setdefault(free, []).append(n)
+            idle = int(sess.cap_gpu[n]) - used
+            idle_counts[idle] = idle_counts.get(idle, 0) + 1
+            assert sess.at.idle_at[n] == idle
     assert sess.free_counts == counts
+    assert sess.by_free == by_free  # node order within each value
+    assert sess.idle_counts == idle_counts
 
 
 @pytest.mark.parametrize("seed", [1, 5])
