@@ -625,11 +625,11 @@ class Session:
                 del bucket[bisect_left(bucket, node)]
                 if not bucket:
                     del self.by_free[old]
-                bucket = self.by_free.get(free)
-                if bucket is None:
+                joined = self.by_free.get(free)
+                if joined is None:
                     self.by_free[free] = [node]
                 else:
-                    insort(bucket, node)
+                    insort(joined, node)
             at.gpu_free_at[node] = free
             self.gpu_free_at[node] = free
         if idle != at.idle_at[node]:

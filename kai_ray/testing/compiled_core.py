@@ -49,8 +49,8 @@ def _copy_package(dest: Path) -> None:
 
 def build(log: Callable[[str], None] = print) -> Path:
     """The directory to put first on PYTHONPATH; compiles the core if this version has not been
-    compiled yet (about a minute on 2 cores). Raises CalledProcessError with mypyc's output if
-    the compile fails."""
+    compiled yet (about a minute on 2 cores). Raises RuntimeError with mypyc's errors if the
+    compile fails."""
     if not (REPO / "setup.py").is_file():
         raise FileNotFoundError(f"{REPO / 'setup.py'}: compiling the core needs a source checkout")
     root = Path(os.environ.get("KAI_RAY_CACHE", Path.home() / ".cache" / "kai-ray"))
@@ -68,8 +68,11 @@ def build(log: Callable[[str], None] = print) -> Path:
                 [sys.executable, "setup.py", "build_ext", "--inplace"], cwd=work,
                 env={**os.environ, "KAI_RAY_COMPILE": "1"}, capture_output=True, text=True)
             if proc.returncode != 0:
-                raise subprocess.CalledProcessError(proc.returncode, proc.args,
-                                                    proc.stdout, proc.stderr)
+                errors = [line for line in (proc.stdout + proc.stderr).splitlines()
+                          if ": error:" in line or line.startswith("error:")]
+                raise RuntimeError(f"compiling the core with mypyc failed (exit "
+                                   f"{proc.returncode}):\n" + "\n".join(
+                                       errors or (proc.stdout + proc.stderr).splitlines()[-30:]))
             (work / _MARKER).write_text(_core_hash() + "\n")
             if final.exists():  # another build finished first
                 shutil.rmtree(work)
