@@ -82,7 +82,19 @@ def build(log: Callable[[str], None] = print) -> Path:
             if work.exists():
                 shutil.rmtree(work, ignore_errors=True)
     _copy_package(final)  # the rest of kai_ray as it is now
+    _prune(final.parent, keep=final)
     return final
+
+
+def _prune(root: Path, keep: Path, versions: int = 3) -> None:
+    """Drop all but the `versions` most recently used compiled versions (each is a few MB;
+    one per edit of the core otherwise piles up)."""
+    os.utime(keep)
+    done = sorted((p for p in root.iterdir() if (p / _MARKER).is_file()),
+                  key=lambda p: p.stat().st_mtime, reverse=True)
+    for old in done[versions:]:
+        if old != keep:
+            shutil.rmtree(old, ignore_errors=True)
 
 
 def env(path: Path) -> dict[str, str]:

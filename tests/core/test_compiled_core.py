@@ -86,3 +86,20 @@ def test_core_and_simulator_tests_pass_compiled(compiled: dict[str, str]) -> Non
                  "--ignore", __file__], compiled)
     assert proc.returncode == 0, proc.stdout[-5000:] + proc.stderr[-2000:]
     assert " passed" in proc.stdout.strip().splitlines()[-1]
+
+
+def test_the_benchmark_runs_the_compiled_core_when_asked() -> None:
+    bench = TESTS.parent / "benchmarks" / "core_cycle.py"
+    runs = {}
+    for flag in ([], ["--compiled"]):
+        proc = subprocess.run([sys.executable, str(bench), "--sizes", "40", "--repeat", "1",
+                               *flag], capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stderr
+        lines = proc.stdout.strip().splitlines()
+        runs[lines[0]] = lines[-1].split("binds")[1]  # binds and evictions
+    assert set(runs) == {"core: interpreted", "core: compiled (mypyc)"}
+    assert len(set(runs.values())) == 1  # the same decisions
+    one = subprocess.run([sys.executable, "-P", str(TESTS.parent / "benchmarks" / "one_cycle.py"),
+                          "40"], env=compiled_core.env(compiled_core.build()),
+                         capture_output=True, text=True, timeout=900)
+    assert one.returncode == 0 and one.stdout.startswith("core: compiled (mypyc); 40 nodes:")

@@ -1,0 +1,38 @@
+"""One `schedule()` call on the synthetic cluster of N nodes (default 1,000), for profilers.
+
+    python benchmarks/one_cycle.py [NODES]
+
+Prints which core ran (compiled or interpreted), the CPU seconds, binds and evictions. Under
+callgrind it gives a count of instructions that does not drift with the machine's speed, which
+is how BENCHMARKS.md compares versions of the compiled core:
+
+    PY=$(python3 -c 'import sys; print(sys.executable)')   # the interpreter, not a shim
+    CORE=$(python3 -c 'from kai_ray.testing import compiled_core as c; print(c.build())')
+    PYTHONPATH=$CORE valgrind --tool=callgrind --callgrind-out-file=cg.out \\
+        $PY -P benchmarks/one_cycle.py 1000
+    callgrind_annotate --inclusive=yes cg.out | grep 'CPyDef_schedule___schedule '
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+
+from kai_ray import core
+from kai_ray.core.schedule import schedule
+from kai_ray.sim.synthetic import cluster
+
+
+def main() -> int:
+    size = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
+    snapshot = cluster(size)
+    start = time.process_time()
+    result = schedule(snapshot, now=0.0)
+    print(f"core: {'compiled (mypyc)' if core.COMPILED else 'interpreted'}; {size} nodes: "
+          f"{time.process_time() - start:.3f} s CPU, {len(result.binds)} binds, "
+          f"{len(result.evictions)} evictions")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
