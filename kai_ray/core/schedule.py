@@ -91,14 +91,16 @@ def run_action(sess: Session, action: str, result: CycleResult) -> None:
         raise ValueError(f"unknown action {action!r}")
 
 
+# each status as reported (an Enum's `.value` is a descriptor call, once per pod otherwise);
+# allocated pods are reported as binding
+_REPORTED = {status: status.value for status in PodStatus}
+_REPORTED[PodStatus.ALLOCATED] = PodStatus.BINDING.value
+
+
 def _outcome(sess: Session, task: Task) -> PodOutcome:
     live = task.moved or task
-    status = live.status
-    name = status.value
-    if status == PodStatus.ALLOCATED:
-        name = PodStatus.BINDING.value
     node = sess.nodes[live.node].name if live.node >= 0 else None
-    return PodOutcome(name, node, live.groups)
+    return PodOutcome(_REPORTED[live.status], node, live.groups)
 
 
 def _collect(sess: Session, result: CycleResult, existing_groups: set[str]) -> None:

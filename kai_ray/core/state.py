@@ -59,6 +59,7 @@ class Task:
         "origin",
         "replica",
         "req",
+        "shape",
         "status",
         "subgroup",
         "task_priority",
@@ -86,6 +87,7 @@ class Task:
         self.node_affinity = pod.node_affinity
         # what limits the task's nodes besides resources (equal: the same nodes)
         self.constraints = (pod.node_selector, pod.tolerations, pod.node_affinity)
+        self.shape = -1  # same request and constraints, same number (set by the session)
         self.replica = pod.replica
         # per-device cost in milli of the device, and the GPU amount charged to the queue;
         # both depend on the node's GPU memory for gpu-memory pods, so set on placement
@@ -452,6 +454,9 @@ class Session:
                     podset = js.podsets["default"]
                 podset.tasks.append(task)
         self.known_groups = {g for t in self.tasks for g in t.groups}
+        shapes: dict[tuple[Request, tuple[object, ...]], int] = {}
+        for task in self.tasks:
+            task.shape = shapes.setdefault((task.req, task.constraints), len(shapes))
         self._build_queues(snapshot)
         self._load_usage()
 
@@ -827,6 +832,7 @@ class Session:
                   replica=task.replica)
         copy = Task(len(self.tasks), task.job, pod, -1)
         copy.origin = task
+        copy.shape = task.shape
         self.tasks.append(copy)
         task.job.tasks.append(copy)
         podset = task.job.podsets.get(task.subgroup) or task.job.podsets["default"]

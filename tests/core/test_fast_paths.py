@@ -7,6 +7,7 @@ every prefix. Each cycle is run both ways and compared in full."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import random
 
 import pytest
@@ -384,3 +385,18 @@ def test_the_gpu_room_index_follows_every_change(seed):
     assert result.evictions
     assert {name: checks.count(name) > 50 for name in ("allocate", "evict", "rollback")} == {
         "allocate": True, "evict": True, "rollback": True}
+
+
+def test_shape_numbers_match_request_and_constraints():
+    """`Task.shape` (what the binpack carry-over compares) is equal exactly when the request
+    and the constraints are."""
+    snap = _half_used_devices(cluster(30, seed=3, pending_per_node=6))
+    sess = Session(snap, _config(False), 0.0)
+    tasks = sess.tasks
+    rng = random.Random(0)
+    pairs = [(rng.choice(tasks), rng.choice(tasks)) for _ in range(3000)]
+    pairs += list(itertools.pairwise(tasks))  # neighbours: mostly the same gang
+    assert any(a.shape == b.shape and a is not b for a, b in pairs)
+    assert any(a.shape != b.shape for a, b in pairs)
+    for a, b in pairs:
+        assert (a.shape == b.shape) == (a.req == b.req and a.constraints == b.constraints)

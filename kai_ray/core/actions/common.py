@@ -73,7 +73,7 @@ def place_tasks(sess: Session, job: JobState, tasks: list[Task], pipeline_only: 
 
 
 def _same_shape(a: Task, b: Task) -> bool:
-    return a.req == b.req and a.constraints == b.constraints
+    return a.shape == b.shape  # same request and constraints (numbered by the session)
 
 
 def _pipeline_whole_gang_if_needed(sess: Session, job: JobState, placed: list[Task]) -> None:
