@@ -598,7 +598,8 @@ class Session:
                           MILLI - self.dev_used + self.dev_rel, -1)
         self.share_room_at = np.where(self.schedulable, partly.max(axis=1), -1)
         self.free_counts: dict[int, int] = {}
-        # the same nodes by free GPUs, each list in node order: a whole-GPU pod's candidates
+        # the same nodes by free GPUs (1 or more: the full ones, most nodes of a busy cluster,
+        # are never candidates), each list in node order: a whole-GPU pod's candidates
         # in binpack order without a pass over every node (placement._whole_candidates); and
         # how many have each number of idle GPUs (is any left that fits on idle?)
         self.by_free: dict[int, list[int]] = {}
@@ -607,7 +608,8 @@ class Session:
         for node in np.flatnonzero(gpu_nodes).tolist():
             value = int(self.gpu_free_at[node])
             self.free_counts[value] = self.free_counts.get(value, 0) + 1
-            self.by_free.setdefault(value, []).append(node)
+            if value > 0:
+                self.by_free.setdefault(value, []).append(node)
             self.idle_counts[int(idle[node])] = self.idle_counts.get(int(idle[node]), 0) + 1
         self.at.idle_at = idle.tolist()
         self.at.gpu_free_at = self.gpu_free_at.tolist()
@@ -626,15 +628,17 @@ class Session:
         if free != old:
             if at.counted[node]:
                 _recount(self.free_counts, old, free)
-                bucket = self.by_free[old]
-                del bucket[bisect_left(bucket, node)]
-                if not bucket:
-                    del self.by_free[old]
-                joined = self.by_free.get(free)
-                if joined is None:
-                    self.by_free[free] = [node]
-                else:
-                    insort(joined, node)
+                if old > 0:
+                    bucket = self.by_free[old]
+                    del bucket[bisect_left(bucket, node)]
+                    if not bucket:
+                        del self.by_free[old]
+                if free > 0:
+                    joined = self.by_free.get(free)
+                    if joined is None:
+                        self.by_free[free] = [node]
+                    else:
+                        insort(joined, node)
             at.gpu_free_at[node] = free
             self.gpu_free_at[node] = free
         if idle != at.idle_at[node]:

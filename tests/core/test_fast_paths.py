@@ -353,7 +353,8 @@ def _check_gpu_index(sess: Session) -> None:
             (MILLI - g.used + g.releasing for g in groups if g.used < MILLI), default=-1)
         if sess.cap_gpu[n] > 0:
             counts[free] = counts.get(free, 0) + 1
-            by_free.setdefault(free, []).append(n)
+            if free > 0:
+                by_free.setdefault(free, []).append(n)
             idle = int(sess.cap_gpu[n]) - used
             idle_counts[idle] = idle_counts.get(idle, 0) + 1
             assert sess.at.idle_at[n] == idle
