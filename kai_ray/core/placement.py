@@ -341,6 +341,22 @@ def _whole_candidates(sess: Session, gpus: int) -> tuple[bool, list[int]]:
     return False, order
 
 
+def _few_fraction_candidates(sess: Session, cost: int) -> list[int] | None:
+    """The nodes with a shared device with `cost` room or a free whole GPU, in node order,
+    from the session's buckets, when there are at most _FEW of them at most (else None: the
+    array pass finds them)."""
+    rooms = [nodes for room, nodes in sess.by_room.items() if room >= cost]
+    wholes = sess.by_free.values()
+    if sum(len(nodes) for nodes in rooms) + sum(len(nodes) for nodes in wholes) > _FEW:
+        return None
+    found: set[int] = set()
+    for nodes in rooms:
+        found.update(nodes)
+    for whole in wholes:
+        found.update(whole)
+    return sorted(found)
+
+
 def _gpu_candidates(sess: Session, task: Task) -> npt.NDArray[np.intp] | None:
     """The nodes with GPU room for fractional `task` (a superset of those it fits on), from
     the session's GPU room index: on a busy cluster most nodes are ruled out by it alone.
@@ -349,6 +365,9 @@ def _gpu_candidates(sess: Session, task: Task) -> npt.NDArray[np.intp] | None:
     if sess.config.gpu_packing != "kai" or req.gpus:
         return None
     if req.gpu_fraction_milli:
+        few = _few_fraction_candidates(sess, req.gpu_fraction_milli)
+        if few is not None:
+            return np.array(few, dtype=np.intp)
         cand = np.flatnonzero((sess.dev_room_at >= req.gpu_fraction_milli)
                               | (sess.gpu_free_at >= 1))
     else:

@@ -614,6 +614,12 @@ class Session:
         self.at.idle_at = idle.tolist()
         self.at.gpu_free_at = self.gpu_free_at.tolist()
         self.at.dev_room_at = self.dev_room_at.tolist()
+        # schedulable nodes by the most room on a live shared device (1 milli or more): with
+        # `by_free`, a fractional pod's candidates without a pass over every node
+        self.by_room: dict[int, set[int]] = {}
+        for node, most in enumerate(self.at.dev_room_at):
+            if most > 0:
+                self.by_room.setdefault(most, set()).add(node)
         self.at.share_room_at = self.share_room_at.tolist()
         self.at.counted = gpu_nodes.tolist()
         self.indexed = True
@@ -650,7 +656,15 @@ class Session:
         groups = self.groups[node].values()
         room = max((MILLI - g.used + g.releasing for g in groups if g.releasing < g.used),
                    default=-1)
-        if room != at.dev_room_at[node]:
+        old_room = at.dev_room_at[node]
+        if room != old_room:
+            if old_room > 0:
+                nodes = self.by_room[old_room]
+                nodes.discard(node)
+                if not nodes:
+                    del self.by_room[old_room]
+            if room > 0:
+                self.by_room.setdefault(room, set()).add(node)
             at.dev_room_at[node] = room
             self.dev_room_at[node] = room
         share = max((MILLI - g.used + g.releasing for g in groups if g.used < MILLI), default=-1)

@@ -359,6 +359,11 @@ def _check_gpu_index(sess: Session) -> None:
             idle_counts[idle] = idle_counts.get(idle, 0) + 1
             assert sess.at.idle_at[n] == idle
     assert sess.free_counts == counts
+    by_room: dict[int, set[int]] = {}
+    for n, room in enumerate(sess.dev_room_at.tolist()):
+        if room > 0:
+            by_room.setdefault(room, set()).add(n)
+    assert sess.by_room == by_room
     assert sess.by_free == by_free  # node order within each value
     assert sess.idle_counts == idle_counts
 
