@@ -302,6 +302,10 @@ def choose(sess: Session, task: Task, explain: bool = True
         packed = _binpack_whole(sess, task, order)
         if packed is not None:
             return packed, {}
+    elif task.req.gpu_fraction_milli and sess.config.gpu_packing == "kai":
+        nodes = _few_fraction_candidates(sess, task.req.gpu_fraction_milli)
+        if nodes is not None:
+            return _choose_among(sess, task, nodes, explain)
     cand = _gpu_candidates(sess, task)
     if cand is not None and len(cand) <= _FEW:
         return _choose_among(sess, task, cand.tolist(), explain)
@@ -343,8 +347,8 @@ def _whole_candidates(sess: Session, gpus: int) -> tuple[bool, list[int]]:
 
 def _few_fraction_candidates(sess: Session, cost: int) -> list[int] | None:
     """The nodes with a shared device with `cost` room or a free whole GPU, in node order,
-    from the session's buckets, when there are at most _FEW of them at most (else None: the
-    array pass finds them)."""
+    from the session's buckets, when there are at most _FEW of them (else None: the array
+    pass finds them)."""
     rooms = [nodes for room, nodes in sess.by_room.items() if room >= cost]
     wholes = sess.by_free.values()
     if sum(len(nodes) for nodes in rooms) + sum(len(nodes) for nodes in wholes) > _FEW:
@@ -365,9 +369,6 @@ def _gpu_candidates(sess: Session, task: Task) -> npt.NDArray[np.intp] | None:
     if sess.config.gpu_packing != "kai" or req.gpus:
         return None
     if req.gpu_fraction_milli:
-        few = _few_fraction_candidates(sess, req.gpu_fraction_milli)
-        if few is not None:
-            return np.array(few, dtype=np.intp)
         cand = np.flatnonzero((sess.dev_room_at >= req.gpu_fraction_milli)
                               | (sess.gpu_free_at >= 1))
     else:
