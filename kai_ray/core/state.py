@@ -454,9 +454,14 @@ class Session:
                     podset = js.podsets["default"]
                 podset.tasks.append(task)
         self.known_groups = {g for t in self.tasks for g in t.groups}
-        shapes: dict[tuple[Request, tuple[object, ...]], int] = {}
+        # by the request's numbers (a flat tuple hashes in C; hashing the dataclass itself
+        # runs its generated __hash__, several thousand instructions per pod) and constraints
+        shapes: dict[tuple[object, ...], int] = {}
         for task in self.tasks:
-            task.shape = shapes.setdefault((task.req, task.constraints), len(shapes))
+            r = task.req
+            key = (r.cpu_m, r.memory, r.gpus, r.gpu_fraction_milli, r.gpu_memory_mib,
+                   r.fraction_devices, task.constraints)
+            task.shape = shapes.setdefault(key, len(shapes))
         self._build_queues(snapshot)
         self._load_usage()
 

@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from kai_ray.core import placement
 from kai_ray.core.actions import gpu_room, solver, victim_stream
-from kai_ray.core.model import PodStatus, SchedulerConfig, Snapshot
+from kai_ray.core.model import PodStatus, Request, SchedulerConfig, Snapshot
 from kai_ray.core.result import CycleResult
 from kai_ray.core.schedule import schedule
 from kai_ray.core.state import JobState, Session
@@ -394,8 +394,11 @@ def test_the_gpu_room_index_follows_every_change(seed):
 
 
 def test_shape_numbers_match_request_and_constraints():
-    """`Task.shape` (what the binpack carry-over compares) is equal exactly when the request
-    and the constraints are."""
+    """`Task.shape` (what the binpack carry-over and allocate's failed shapes compare) is
+    equal exactly when the request and the constraints are."""
+    # the session numbers shapes by these fields of Request: a new field must join them
+    assert [f.name for f in dataclasses.fields(Request)] == [
+        "cpu_m", "memory", "gpus", "gpu_fraction_milli", "gpu_memory_mib", "fraction_devices"]
     snap = _half_used_devices(cluster(30, seed=3, pending_per_node=6))
     sess = Session(snap, _config(False), 0.0)
     tasks = sess.tasks

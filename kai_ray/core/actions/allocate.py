@@ -22,13 +22,13 @@ def schedulable_jobs(sess: Session) -> list[JobState]:
 def run(sess: Session) -> None:
     # Failures for lack of room are monotone within allocate (it only fills nodes), so a job
     # whose task shapes already failed once fails again: skip the node search for it.
-    failed_shapes: dict[tuple[object, ...], JobError] = {}
+    failed_shapes: dict[tuple[int, ...], JobError] = {}
     queue = JobQueue(sess, schedulable_jobs(sess))
     while (job := queue.pop()) is not None:
         tasks = job.tasks_to_allocate()
         if not tasks:
             continue
-        shape = (tuple(t.req for t in tasks), tuple(t.constraints for t in tasks))
+        shape = tuple(t.shape for t in tasks)  # requests and constraints, numbered
         known = failed_shapes.get(shape)
         if known is not None:
             sess.job_errors[job.name] = known
