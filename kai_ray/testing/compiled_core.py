@@ -43,6 +43,8 @@ def _copy_package(dest: Path) -> None:
     shutil.copytree(REPO / "kai_ray", dest / "kai_ray", ignore=ignore, dirs_exist_ok=True)
     for data in ("benchmarks", "tools"):  # found relative to the package (traces, binaries)
         link = dest / data
+        if link.is_symlink() and link.resolve() != (REPO / data).resolve():
+            link.unlink()  # made by another checkout that shares the cache
         if not link.is_symlink():
             link.symlink_to(REPO / data, target_is_directory=True)
 
