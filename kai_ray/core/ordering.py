@@ -86,11 +86,9 @@ def compare_queues(sess: Session, lq: QueueState, rq: QueueState,
     return -1 if lq.name < rq.name else (1 if lq.name > rq.name else 0)
 
 
-def victim_key(sess: Session, key: tuple[int, int, float, str]) -> tuple[int, int, float, int]:
-    """The victim order as a plain numeric tuple (heapq is a min-heap; comparing numbers in C
-    is much cheaper than a wrapper object with __lt__): every part negated, the job name by its
-    rank among the session's job names."""
-    return (-key[0], -key[1], -key[2], -sess.name_rank(key[3]))
+def victim_key(sess: Session, key: tuple[int, int, float, str]) -> int:
+    """The victim order as one number (heapq is a min-heap): the job order's, negated."""
+    return -sess.order_number(key)
 
 
 class Entry(Protocol):
@@ -120,7 +118,7 @@ class JobQueue(Generic[E]):
         # two queues are compared, so a single-queue pop defers the accounting
         self.untaken: list[E] = []
         self.reachable: dict[str, bool] = {}  # the queue tree is fixed within a session
-        self.heaps: dict[str, list[tuple[object, int, E]]] = {}
+        self.heaps: dict[str, list[tuple[int, int, E]]] = {}
         # ids of discarded items still in a heap: dropped when they reach its top
         self.dead: set[int] = set()
         self.seq = 0
@@ -128,7 +126,7 @@ class JobQueue(Generic[E]):
             key = item.order_key()
             self.seq += 1
             self.heaps.setdefault(item.queue, []).append(
-                (victim_key(sess, key) if reverse else key, self.seq, item))
+                (victim_key(sess, key) if reverse else sess.order_number(key), self.seq, item))
         for heap in self.heaps.values():
             heapq.heapify(heap)
 
@@ -153,7 +151,7 @@ class JobQueue(Generic[E]):
                 heapq.heapify(heap)
             self.dead = set()
 
-    def top_key(self) -> object:
+    def top_key(self) -> int | None:
         """The key of the item a one-queue `pop` returns next (None when empty)."""
         self._drop_dead_tops()
         return next((heap[0][0] for heap in self.heaps.values() if heap), None)
@@ -171,7 +169,7 @@ class JobQueue(Generic[E]):
 
     def push(self, item: E) -> None:
         key = item.order_key()
-        entry: object = victim_key(self.sess, key) if self.reverse else key
+        entry = victim_key(self.sess, key) if self.reverse else self.sess.order_number(key)
         self.seq += 1
         heapq.heappush(self.heaps.setdefault(item.queue, []), (entry, self.seq, item))
 

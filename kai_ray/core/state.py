@@ -394,6 +394,7 @@ class Session:
         self.nodes = nodes
         self.node_index = {n.name: i for i, n in enumerate(nodes)}
         self._name_rank: dict[str, int] | None = None
+        self._order_ranks: tuple[dict[int, int], dict[float, int], int, int] | None = None
         self._paths: dict[str, tuple[QueueState, ...]] = {}
         self._widest: int | None = None
         count = len(nodes)
@@ -509,6 +510,21 @@ class Session:
         if self._name_rank is None:
             self._name_rank = {name: i for i, name in enumerate(sorted(self.jobs))}
         return self._name_rank[job_name]
+
+    def order_number(self, key: tuple[int, int, float, str]) -> int:
+        """A job order key (-priority, elastic rank 0..2, created, name) as one int in the same
+        order: each part by its rank among the session's jobs (heap entries then compare as
+        one number, not as tuples element by element)."""
+        ranks = self._order_ranks
+        if ranks is None:
+            jobs = self.jobs.values()
+            by_priority = {p: i for i, p in enumerate(sorted({-j.priority for j in jobs}))}
+            by_created = {c: i for i, c in enumerate(sorted({j.created for j in jobs}))}
+            ranks = self._order_ranks = (by_priority, by_created, len(by_created),
+                                         len(self.jobs))
+        by_priority, by_created, n_created, n_jobs = ranks
+        return (((by_priority[key[0]] * 3 + key[1]) * n_created + by_created[key[2]]) * n_jobs
+                + self.name_rank(key[3]))
 
     def queue_path(self, queue: str) -> tuple[QueueState, ...]:
         """Leaf first, root last (the tree is fixed for the session: remembered)."""

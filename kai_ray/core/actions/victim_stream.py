@@ -88,7 +88,7 @@ class VictimStream:
     def _start(self, free: FreeGpus) -> None:
         """No entry popped or counted yet."""
         self.free = free  # free GPUs before any victim goes
-        self.keys: list[tuple[int, int, float, int]] = []
+        self.keys: list[int] = []
         self.jobs: list[JobState] = []
         self.taken: list[list[Task]] = []
         self.positions: dict[int, list[int]] = {}  # each job's entries
@@ -151,10 +151,10 @@ class VictimStream:
                 source.push(unit)
                 self.in_source[name] = unit
         last = self.keys[kept[-1]] if kept else None
-        new: list[tuple[tuple[int, int, float, int], JobState, list[Task]]] = []
+        new: list[tuple[int, JobState, list[Task]]] = []
         while last is not None:
             top = source.top_key()
-            if not isinstance(top, tuple) or not top < last:
+            if top is None or not top < last:
                 break
             unit = source.pop()
             assert unit is not None
@@ -258,7 +258,7 @@ class VictimStream:
         of victims that cannot make room for `room`'s prefix (quiet: they are added to `room`
         here), then one entry at a time."""
         recorded_set = {id(t) for t in recorded}
-        side: list[tuple[tuple[int, int, float, int], int, VictimUnit]] = []
+        side: list[tuple[int, int, VictimUnit]] = []
         side_jobs = {id(t.job): t.job for t in recorded}
         # what the stream's tallies do not count: the recorded victims and what the side
         # units may take (tallies counted high from these, per request size)
