@@ -10,7 +10,9 @@ entries popped (`more`), read one by one after a prefix's quiet batch (`read_one
 streams carried over (`renew`), and the node choices (`choose`,
 of which `choose_among` among a few nodes with room; `binpack_whole` and `binpack_fraction`
 count the binpack walks tried for whole-GPU and fractional pods, some of which leave the choice
-to the array pass) of one cycle: where the time goes, independent of machine load.
+to the array pass; `fraction_few` / `fraction_many`: fractional pods whose candidates the
+session's buckets give, or the array pass finds) of one cycle: where the time goes,
+independent of machine load.
 `--compiled` runs the core compiled by mypyc, as the image ships it (built once per version of
 the core's source, about a minute; kai_ray/testing/compiled_core.py); the first line of output
 says which core ran.
@@ -112,6 +114,15 @@ def _count(counts: collections.Counter[str]) -> None:
     # node choices: all, among the few nodes with room, by the binpack walk
     for name in ("choose", "_choose_among", "_binpack_whole", "_binpack_fraction"):
         counted(placement, name, False)
+    # fractional pods whose candidates the session's buckets give (at most _FEW) or not
+    few = placement._few_fraction_candidates
+
+    @functools.wraps(few)
+    def bucketed(*args: object, **kwargs: object) -> object:
+        nodes = few(*args, **kwargs)  # type: ignore[arg-type]
+        counts["fraction_few" if nodes is not None else "fraction_many"] += 1
+        return nodes
+    placement._few_fraction_candidates = bucketed  # type: ignore[assignment]
 
 
 if __name__ == "__main__":

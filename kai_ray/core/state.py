@@ -949,8 +949,5 @@ class Session:
     def free_cpu(self) -> IntArray:
         return self.cap_cpu - self.used_cpu + self.rel_cpu
 
-    def idle_gpu(self) -> IntArray:
-        return self.cap_gpu - self.used_gpu
-
     def free_gpu(self) -> IntArray:
         return self.cap_gpu - self.used_gpu + self.rel_gpu
