@@ -14,7 +14,6 @@ what decides otherwise (and what the shortcuts are tested against).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -35,12 +34,15 @@ R_UNSCHED = "were unschedulable"
 R_SELECTOR = "didn't match Pod's node affinity/selector"
 
 
-@dataclass(frozen=True, slots=True)
 class Choice:
-    node: int
-    groups: tuple[str, ...]
-    new_groups: tuple[str, ...]
-    on_idle: bool
+    """Where a task goes. A plain class: mypyc compiles its `__init__`, a dataclass's runs as
+    Python (one per placement, simulations included)."""
+
+    __slots__ = ("groups", "new_groups", "node", "on_idle")
+
+    def __init__(self, node: int, groups: tuple[str, ...], new_groups: tuple[str, ...],
+                 on_idle: bool) -> None:
+        self.node, self.groups, self.new_groups, self.on_idle = node, groups, new_groups, on_idle
 
 
 def _selector_mask(sess: Session, task: Task) -> BoolArray | None:

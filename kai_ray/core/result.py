@@ -4,8 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+# The four per-pod classes below (tens of thousands per cycle) write their own `__init__`:
+# mypyc compiles that, while a dataclass-generated one runs as Python bytecode (and `slots=True`
+# would replace the compiled class by a plain one). Not frozen, for the same reason: treat them
+# as read-only.
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(init=False)
 class Bind:
     """Allocate a pending pod: the binder writes the Binding (and GPU-sharing state)."""
 
@@ -13,14 +18,22 @@ class Bind:
     namespace: str
     pod: str
     node: str
-    gpu_groups: tuple[str, ...] = ()
-    new_gpu_groups: tuple[str, ...] = ()
-    gpu_portion: float = 0.0  # per device, for fractional pods (GPU_PORTION)
-    gpu_memory_mib: int = 0  # per device, for gpu-memory pods
-    action: str = "allocate"
+    gpu_groups: tuple[str, ...]
+    new_gpu_groups: tuple[str, ...]
+    gpu_portion: float  # per device, for fractional pods (GPU_PORTION)
+    gpu_memory_mib: int  # per device, for gpu-memory pods
+    action: str
+
+    def __init__(self, job: str, namespace: str, pod: str, node: str,
+                 gpu_groups: tuple[str, ...] = (), new_gpu_groups: tuple[str, ...] = (),
+                 gpu_portion: float = 0.0, gpu_memory_mib: int = 0,
+                 action: str = "allocate") -> None:
+        self.job, self.namespace, self.pod, self.node = job, namespace, pod, node
+        self.gpu_groups, self.new_gpu_groups = gpu_groups, new_gpu_groups
+        self.gpu_portion, self.gpu_memory_mib, self.action = gpu_portion, gpu_memory_mib, action
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(init=False)
 class Pipeline:
     """Placed on resources still being released: nothing is written but an event."""
 
@@ -30,8 +43,12 @@ class Pipeline:
     node: str
     action: str
 
+    def __init__(self, job: str, namespace: str, pod: str, node: str, action: str) -> None:
+        self.job, self.namespace, self.pod, self.node, self.action = (job, namespace, pod, node,
+                                                                      action)
 
-@dataclass(frozen=True, slots=True)
+
+@dataclass(init=False)
 class Evict:
     job: str
     namespace: str
@@ -39,7 +56,12 @@ class Evict:
     node: str | None
     action: str
     message: str
-    preemptor: str | None = None
+    preemptor: str | None
+
+    def __init__(self, job: str, namespace: str, pod: str, node: str | None, action: str,
+                 message: str, preemptor: str | None = None) -> None:
+        self.job, self.namespace, self.pod, self.node = job, namespace, pod, node
+        self.action, self.message, self.preemptor = action, message, preemptor
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,11 +102,14 @@ class QueueShare:
     requested: tuple[float, float, float]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(init=False)
 class PodOutcome:
     status: str
     node: str | None
     gpu_groups: tuple[str, ...]
+
+    def __init__(self, status: str, node: str | None, gpu_groups: tuple[str, ...]) -> None:
+        self.status, self.node, self.gpu_groups = status, node, gpu_groups
 
 
 @dataclass

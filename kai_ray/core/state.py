@@ -108,12 +108,14 @@ class Task:
                 -(self.task_priority or 0), self.created, self.name)
 
 
-@dataclass
 class PodSet:
-    name: str
-    min_member: int
-    tasks: list[Task] = field(default_factory=list)
-    replica_size: int = 1
+    # plain classes here and below: mypyc compiles their `__init__`, a dataclass's runs as Python
+    __slots__ = ("min_member", "name", "replica_size", "tasks")
+
+    def __init__(self, name: str, min_member: int, tasks: list[Task] | None = None,
+                 replica_size: int = 1) -> None:
+        self.name, self.min_member, self.replica_size = name, min_member, replica_size
+        self.tasks: list[Task] = tasks if tasks is not None else []
 
     def active_count(self) -> int:
         return sum(1 for t in self.tasks if t.status in ACTIVE_ALLOCATED)
@@ -303,26 +305,28 @@ class JobError:
     fit: dict[str, int] | None = None
 
 
-@dataclass
 class EvictInfo:
-    action: str
-    preemptor: str | None
-    # built only for the evictions that are kept: most are simulated and rolled back
-    describe: Callable[[], str]
+    __slots__ = ("action", "describe", "preemptor")
+
+    def __init__(self, action: str, preemptor: str | None, describe: Callable[[], str]) -> None:
+        self.action, self.preemptor = action, preemptor
+        # built only for the evictions that are kept: most are simulated and rolled back
+        self.describe = describe
 
     @property
     def message(self) -> str:
         return self.describe()
 
 
-@dataclass
 class Group:
-    """A shared GPU device (KAI GPU group): usage in milli of the device."""
+    """A shared GPU device (KAI GPU group): usage in milli of the device (`used`: all active
+    sharers, releasing ones included)."""
 
-    gid: str
-    used: int = 0  # all active sharers, releasing ones included
-    releasing: int = 0
-    tasks: set[int] = field(default_factory=set)
+    __slots__ = ("gid", "releasing", "tasks", "used")
+
+    def __init__(self, gid: str, used: int = 0, releasing: int = 0) -> None:
+        self.gid, self.used, self.releasing = gid, used, releasing
+        self.tasks: set[int] = set()
 
 
 def _recount(counts: dict[int, int], old: int, new: int) -> None:
