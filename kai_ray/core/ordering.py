@@ -33,16 +33,39 @@ def job_request(sess: Session, job: JobState, simulation: bool = False
     return (cpu, mem, gpu)
 
 
-def _dominant_share(sess: Session, q: QueueState, extra: tuple[float, ...]) -> float:
+def _share(sess: Session, q: QueueState, r: int, allocated: float) -> float:
+    allocatable = q.allocatable(r)
+    if allocatable == -1:
+        allocatable = sess.total[r]
+    return allocated * _ZERO_SHARE_MULT if allocatable == 0 else allocated / allocatable
+
+
+def _dominant_share(sess: Session, q: QueueState, extra0: float, extra1: float,
+                    extra2: float) -> float:
+    # unrolled over the three resources (here and in compare_queues): no generator, tuple or
+    # list per comparison, and plain float arithmetic when compiled
     share = 0.0
-    for r in range(3):
-        allocatable = q.allocatable(r)
-        if allocatable == -1:
-            allocatable = sess.total[r]
-        allocated = q.allocated[r] + extra[r]
-        value = allocated * _ZERO_SHARE_MULT if allocatable == 0 else allocated / allocatable
-        share = max(share, value)
+    value = _share(sess, q, 0, q.allocated[0] + extra0)
+    if value > share:
+        share = value
+    value = _share(sess, q, 1, q.allocated[1] + extra1)
+    if value > share:
+        share = value
+    value = _share(sess, q, 2, q.allocated[2] + extra2)
+    if value > share:
+        share = value
     return share
+
+
+def _over(q: QueueState) -> bool:
+    fair, allocated = q.fair_share, q.allocated
+    return fair[0] < allocated[0] and fair[1] < allocated[1] and fair[2] < allocated[2]
+
+
+def _zero_quota_wanted(q: QueueState, with_request: list[float]) -> bool:
+    return ((q.allocatable(0) == 0 and with_request[0] > 0)
+            or (q.allocatable(1) == 0 and with_request[1] > 0)
+            or (q.allocatable(2) == 0 and with_request[2] > 0))
 
 
 def compare_queues(sess: Session, lq: QueueState, rq: QueueState,
@@ -51,35 +74,37 @@ def compare_queues(sess: Session, lq: QueueState, rq: QueueState,
                    rtaken: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> int:
     """Negative when `lq` goes first (kai-spec §5.1, queue_order.go). `*taken` are victims
     already taken from the queue (victim order only): they lower its dominant share."""
-    l_over = all(lq.fair_share[r] < lq.allocated[r] for r in range(3))
-    r_over = all(rq.fair_share[r] < rq.allocated[r] for r in range(3))
+    l_over = _over(lq)
+    r_over = _over(rq)
     if l_over != r_over:
         return 1 if l_over else -1
-    l_with = [lq.allocated[r] + lreq[r] for r in range(3)]
-    r_with = [rq.allocated[r] + rreq[r] for r in range(3)]
+    la, ra = lq.allocated, rq.allocated
+    l_with = [la[0] + lreq[0], la[1] + lreq[1], la[2] + lreq[2]]
+    r_with = [ra[0] + rreq[0], ra[1] + rreq[1], ra[2] + rreq[2]]
     l_starved = leq(l_with, lq.deserved)
     r_starved = leq(r_with, rq.deserved)
     if l_starved != r_starved:
         return -1 if l_starved else 1
     if lq.priority != rq.priority:
         return -1 if lq.priority > rq.priority else 1
-    l_zero = any(lq.allocatable(r) == 0 and l_with[r] > 0 for r in range(3))
-    r_zero = any(rq.allocatable(r) == 0 and r_with[r] > 0 for r in range(3))
+    l_zero = _zero_quota_wanted(lq, l_with)
+    r_zero = _zero_quota_wanted(rq, r_with)
     if l_zero != r_zero:
         return 1 if l_zero else -1
-    ls = _dominant_share(sess, lq, tuple(lreq[r] - ltaken[r] for r in range(3)))
-    rs = _dominant_share(sess, rq, tuple(rreq[r] - rtaken[r] for r in range(3)))
+    ls = _dominant_share(sess, lq, lreq[0] - ltaken[0], lreq[1] - ltaken[1],
+                         lreq[2] - ltaken[2])
+    rs = _dominant_share(sess, rq, rreq[0] - rtaken[0], rreq[1] - rtaken[1],
+                         rreq[2] - rtaken[2])
     if ls != rs:
         return -1 if ls < rs else 1
-    zero = (0.0, 0.0, 0.0)
-    ls, rs = _dominant_share(sess, lq, zero), _dominant_share(sess, rq, zero)
+    ls, rs = _dominant_share(sess, lq, 0.0, 0.0, 0.0), _dominant_share(sess, rq, 0.0, 0.0, 0.0)
     if ls != rs:
         return -1 if ls < rs else 1
-    la = [lq.allocatable(r) for r in range(3)]
-    ra = [rq.allocatable(r) for r in range(3)]
-    if leq(la, ra) and not leq(ra, la):
+    lcap = [lq.allocatable(0), lq.allocatable(1), lq.allocatable(2)]
+    rcap = [rq.allocatable(0), rq.allocatable(1), rq.allocatable(2)]
+    if leq(lcap, rcap) and not leq(rcap, lcap):
         return -1
-    if leq(ra, la) and not leq(la, ra):
+    if leq(rcap, lcap) and not leq(lcap, rcap):
         return 1
     if lq.created != rq.created:
         return -1 if lq.created < rq.created else 1
@@ -242,9 +267,8 @@ class JobQueue(Generic[E]):
                 self.untaken.append(item)
             return item
         self._account_taken()
-        roots = sorted(q.name for q in self.sess.queues.values() if not q.parent)
         # items of queues missing from the tree are never popped (QueueDoesNotExist)
-        picked = self._pick(roots, {})
+        picked = self._pick(self.sess.root_queues(), {})
         if picked is None:
             return None
         heap = self.heaps[picked.queue]

@@ -400,6 +400,7 @@ class Session:
         self._name_rank: dict[str, int] | None = None
         self._order_ranks: tuple[dict[int, int], dict[float, int], int, int] | None = None
         self._paths: dict[str, tuple[QueueState, ...]] = {}
+        self._roots: list[str] | None = None
         self._widest: int | None = None
         count = len(nodes)
         ready = np.array([n.ready and not n.unschedulable for n in nodes], dtype=bool)
@@ -529,6 +530,12 @@ class Session:
         by_priority, by_created, n_created, n_jobs = ranks
         return (((by_priority[key[0]] * 3 + key[1]) * n_created + by_created[key[2]]) * n_jobs
                 + self.name_rank(key[3]))
+
+    def root_queues(self) -> list[str]:
+        """The roots of the queue tree by name (fixed for the session: remembered)."""
+        if self._roots is None:
+            self._roots = sorted(q.name for q in self.queues.values() if not q.parent)
+        return self._roots
 
     def queue_path(self, queue: str) -> tuple[QueueState, ...]:
         """Leaf first, root last (the tree is fixed for the session: remembered)."""
@@ -678,9 +685,15 @@ class Session:
             at.idle_at[node] = idle
         if not devices:
             return
-        groups = self.groups[node].values()
-        room = max((MILLI - g.used + g.releasing for g in groups if g.releasing < g.used),
-                   default=-1)
+        # the most room on a live device (not entirely releasing), and on one not full; one
+        # loop (builtin max over generators is a Python-level call each)
+        room = share = -1
+        for g in self.groups[node].values():
+            free = MILLI - g.used + g.releasing
+            if g.releasing < g.used and free > room:
+                room = free
+            if g.used < MILLI and free > share:
+                share = free
         old_room = at.dev_room_at[node]
         if room != old_room:
             if old_room > 0:
@@ -692,7 +705,6 @@ class Session:
                 self.by_room.setdefault(room, set()).add(node)
             at.dev_room_at[node] = room
             self.dev_room_at[node] = room
-        share = max((MILLI - g.used + g.releasing for g in groups if g.used < MILLI), default=-1)
         if share != at.share_room_at[node]:
             at.share_room_at[node] = share
             self.share_room_at[node] = share
@@ -826,13 +838,21 @@ class Session:
     def _queue_add(self, task: Task, sign: int) -> None:
         if task.job.queue not in self.queues:
             return
-        amount = self.task_queue_amount(task)
+        cpu, memory, gpu = self.task_queue_amount(task)
+        if sign < 0:
+            cpu, memory, gpu = -cpu, -memory, -gpu
         np_job = not task.job.preemptible
+        # element by element, unrolled: typed float arithmetic when compiled
         for q in self.queue_path(task.job.queue):
-            for r in range(3):
-                q.allocated[r] += sign * amount[r]
-                if np_job:
-                    q.allocated_np[r] += sign * amount[r]
+            allocated = q.allocated
+            allocated[0] += cpu
+            allocated[1] += memory
+            allocated[2] += gpu
+            if np_job:
+                allocated = q.allocated_np
+                allocated[0] += cpu
+                allocated[1] += memory
+                allocated[2] += gpu
 
     def new_group_id(self, node: int, besides: Sequence[str] = ()) -> str:
         """A shared-device id that no pod in the snapshot and no device on the node uses:
