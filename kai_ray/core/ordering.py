@@ -7,8 +7,8 @@ take the child whose subtree's best job compares best. `reverse=True` gives the 
 
 from __future__ import annotations
 
-import heapq
 from collections.abc import Iterable
+from heapq import heapify, heappop, heappush
 from typing import Generic, Protocol, TypeVar
 
 from kai_ray.core.state import JobState, QueueState, Session, leq
@@ -153,7 +153,7 @@ class JobQueue(Generic[E]):
             self.heaps.setdefault(item.queue, []).append(
                 (victim_key(sess, key) if reverse else sess.order_number(key), self.seq, item))
         for heap in self.heaps.values():
-            heapq.heapify(heap)
+            heapify(heap)
 
     def clone(self) -> JobQueue[E]:
         """An independent copy (heap lists are copied, so the heap order is kept)."""
@@ -173,7 +173,7 @@ class JobQueue(Generic[E]):
         if 2 * len(self.dead) > sum(len(heap) for heap in self.heaps.values()):
             for heap in self.heaps.values():
                 heap[:] = [entry for entry in heap if id(entry[2]) not in self.dead]
-                heapq.heapify(heap)
+                heapify(heap)
             self.dead = set()
 
     def top_key(self) -> int | None:
@@ -190,13 +190,13 @@ class JobQueue(Generic[E]):
         # an id leaves `dead` with its item: once the item is gone, a new one may reuse it
         for heap in self.heaps.values():
             while heap and id(heap[0][2]) in self.dead:
-                self.dead.discard(id(heapq.heappop(heap)[2]))
+                self.dead.discard(id(heappop(heap)[2]))
 
     def push(self, item: E) -> None:
         key = item.order_key()
         entry = victim_key(self.sess, key) if self.reverse else self.sess.order_number(key)
         self.seq += 1
-        heapq.heappush(self.heaps.setdefault(item.queue, []), (entry, self.seq, item))
+        heappush(self.heaps.setdefault(item.queue, []), (entry, self.seq, item))
 
     def __bool__(self) -> bool:
         return bool(self.live_queues())
@@ -244,7 +244,7 @@ class JobQueue(Generic[E]):
             # one queue at all (a preemptor's victims): no tree walk, no comparisons
             name, heap = next(iter(self.heaps.items()))
             while heap and self._reachable(name):
-                item = heapq.heappop(heap)[2]
+                item = heappop(heap)[2]
                 if self.dead and id(item) in self.dead:
                     self.dead.discard(id(item))
                     continue
@@ -262,7 +262,7 @@ class JobQueue(Generic[E]):
             # reaches it at all: items of queues missing from it are never popped)
             if not self._reachable(nonempty[0]):
                 return None
-            item = heapq.heappop(self.heaps[nonempty[0]])[2]
+            item = heappop(self.heaps[nonempty[0]])[2]
             if self.reverse:
                 self.untaken.append(item)
             return item
@@ -272,7 +272,7 @@ class JobQueue(Generic[E]):
         if picked is None:
             return None
         heap = self.heaps[picked.queue]
-        item = heapq.heappop(heap)[2]
+        item = heappop(heap)[2]
         if self.reverse:
             self.untaken.append(item)
         return item

@@ -329,9 +329,17 @@ class Group:
         self.tasks: set[int] = set()
 
 
+def _add3(amounts: list[float], cpu: float, memory: float, gpu: float) -> None:
+    """Add to per-resource amounts element by element: typed float arithmetic when compiled
+    (a loop over `range(3)` adds boxed floats)."""
+    amounts[0] = amounts[0] + cpu  # (`+=` on an item is a generic Python add when compiled)
+    amounts[1] = amounts[1] + memory
+    amounts[2] = amounts[2] + gpu
+
+
 def _recount(counts: dict[int, int], old: int, new: int) -> None:
     """Move one count from value `old` to value `new` (no zero counts are kept)."""
-    counts[old] -= 1
+    counts[old] = counts[old] - 1  # (`-=` on an item is a generic Python op when compiled)
     if not counts[old]:
         del counts[old]
     counts[new] = counts.get(new, 0) + 1
@@ -564,18 +572,16 @@ class Session:
             if job.queue not in self.queues:
                 continue
             if task.status in QUEUE_ALLOCATED:
-                amount = self.task_queue_amount(task)
+                cpu, memory, gpu = self.task_queue_amount(task)
                 for q in self.queue_path(job.queue):
-                    for r in range(3):
-                        q.allocated[r] += amount[r]
-                        q.request[r] += amount[r]
-                        if not job.preemptible:
-                            q.allocated_np[r] += amount[r]
+                    _add3(q.allocated, cpu, memory, gpu)
+                    _add3(q.request, cpu, memory, gpu)
+                    if not job.preemptible:
+                        _add3(q.allocated_np, cpu, memory, gpu)
             elif task.status == PodStatus.PENDING:
-                amount = self.pending_queue_amount(task.req)
+                cpu, memory, gpu = self.pending_queue_amount(task.req)
                 for q in self.queue_path(job.queue):
-                    for r in range(3):
-                        q.request[r] += amount[r]
+                    _add3(q.request, cpu, memory, gpu)
 
     # ------------------------------------------------------------------ amounts
     def device_cost(self, req: Request, node: int) -> int:
@@ -768,7 +774,7 @@ class Session:
         req = task.req
         self._add_usage(node, req.cpu_m, req.memory, 1)
         if req.gpus:
-            self.whole_used[node] += req.gpus
+            self.whole_used[node] = self.whole_used[node] + req.gpus
         elif req.is_shared:
             cost = self.device_cost(req, node)
             task.gpu_mem_cost = cost
@@ -789,7 +795,7 @@ class Session:
         node, req = task.node, task.req
         self._add_usage(node, -req.cpu_m, -req.memory, -1)
         if req.gpus:
-            self.whole_used[node] -= req.gpus
+            self.whole_used[node] = self.whole_used[node] - req.gpus
         elif req.is_shared:
             for gid in task.groups:
                 group = self.groups[node][gid]
@@ -828,7 +834,7 @@ class Session:
             at.rel_mem[node] = value
             self.rel_mem[node] = value
         if req.gpus:
-            self.whole_rel[node] += sign * req.gpus
+            self.whole_rel[node] = self.whole_rel[node] + sign * req.gpus
         elif req.is_shared:
             for gid in task.groups:
                 self.groups[node][gid].releasing += sign * task.gpu_mem_cost
@@ -842,17 +848,10 @@ class Session:
         if sign < 0:
             cpu, memory, gpu = -cpu, -memory, -gpu
         np_job = not task.job.preemptible
-        # element by element, unrolled: typed float arithmetic when compiled
         for q in self.queue_path(task.job.queue):
-            allocated = q.allocated
-            allocated[0] += cpu
-            allocated[1] += memory
-            allocated[2] += gpu
+            _add3(q.allocated, cpu, memory, gpu)
             if np_job:
-                allocated = q.allocated_np
-                allocated[0] += cpu
-                allocated[1] += memory
-                allocated[2] += gpu
+                _add3(q.allocated_np, cpu, memory, gpu)
 
     def new_group_id(self, node: int, besides: Sequence[str] = ()) -> str:
         """A shared-device id that no pod in the snapshot and no device on the node uses:

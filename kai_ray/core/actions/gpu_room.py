@@ -440,13 +440,20 @@ def _top(counts: dict[int, int], k: int) -> list[int]:
 
 def _largest_first(places: list[int], needs: list[int]) -> bool:
     """Whether `needs` (largest first) each fit into the roomiest of `places` left."""
-    heap = [-v for v in places if v > 0]
-    heapq.heapify(heap)
+    # a scan for the roomiest per need: a few dozen places at most, and no call per step (a
+    # heap's pop and push are calls into the heapq module)
+    rooms = [v for v in places if v > 0]
     for need in needs:
-        most = -heapq.heappop(heap) if heap else 0
+        at, most = -1, 0
+        for i in range(len(rooms)):
+            if rooms[i] > most:
+                at, most = i, rooms[i]
         if most < need:
             return False
-        heapq.heappush(heap, -(most - need))
+        if at < 0:
+            rooms.append(most - need)
+        else:
+            rooms[at] = most - need
     return True
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_left
 from collections.abc import Iterator
+from heapq import heapify, heappop, heappush
 from itertools import chain
 
 from kai_ray.core.actions.gpu_room import FreeGpus, GpuRoom
@@ -270,7 +271,7 @@ class VictimStream:
                 continue  # all of it recorded: it would give nothing more
             side.append((victim_key(self.sess, unit.order_key()), len(side), unit))
             others.extend(left)
-        heapq.heapify(side)
+        heapify(side)
         quiet_until = self._quiet_until(room, recorded, others)
         seq = len(side)
         batch: list[Task] = []
@@ -291,13 +292,13 @@ class VictimStream:
             base_key = self.keys[i] if more else None
             quiet = i < quiet_until
             if side and (base_key is None or side[0][0] < base_key):
-                unit = heapq.heappop(side)[2]
+                unit = heappop(side)[2]
                 if self._exhausted(exhausted, unit.job):
                     continue
                 taken, rest = unit.take_unrecorded(recorded_set)
                 if rest is not None:
                     seq += 1
-                    heapq.heappush(side, (victim_key(self.sess, rest.order_key()), seq, rest))
+                    heappush(side, (victim_key(self.sess, rest.order_key()), seq, rest))
             elif base_key is None:
                 break
             else:
