@@ -4,7 +4,6 @@ free whole GPUs per node and room per shared device (`FreeGpus`), what a set of 
 
 from __future__ import annotations
 
-import heapq
 from typing import TypeVar
 
 import numpy as np
@@ -38,16 +37,14 @@ class FreeGpus:
         """Room per shared device that has some (and is not entirely releasing)."""
         if self._devices is None:
             sess = self.sess
-            room = MILLI - sess.dev_used + sess.dev_rel
-            live = (sess.schedulable[:, None] & sess.dev_on & (sess.dev_rel < sess.dev_used)
-                    & (room > 0))
             self._devices = {}
-            gids: dict[int, list[str]] = {}
-            for n, slot in zip(*np.nonzero(live), strict=True):
-                node = int(n)
-                if node not in gids:
-                    gids[node] = list(sess.groups[node])  # slot order = the groups' order
-                self._devices[(node, gids[node][int(slot)])] = int(room[n, slot])
+            # the nodes with such a device are those the session keeps by room (schedulable,
+            # with a live device that has room): no pass over every node's devices
+            for node in sorted(n for nodes in sess.by_room.values() for n in nodes):
+                for gid, g in sess.groups[node].items():
+                    room = MILLI - g.used + g.releasing
+                    if g.releasing < g.used and room > 0:
+                        self._devices[(node, gid)] = room
             if self._freed is not None:
                 for key, amount in self._freed.device.items():
                     group = sess.groups[key[0]].get(key[1])
@@ -65,7 +62,7 @@ class FreeGpus:
             return []
         if self._top is None or (len(self._top) < count and self._top_count < count):
             limit = max(count, 2 * self._top_count, 32)
-            self._top = heapq.nlargest(limit, ((v, k) for k, v in self.devices.items() if v > 0))
+            self._top = _largest(limit, self.devices)
             self._top_count = limit
         return self._top[:count]
 
@@ -76,8 +73,7 @@ class FreeGpus:
         if self._top_whole is None or (len(self._top_whole) < count
                                        and len(self._top_whole) < len(self.whole)):
             limit = max(count, 2 * len(self._top_whole or ()), 32)
-            self._top_whole = heapq.nlargest(limit, ((v, n) for n, v in self.whole.items()
-                                                     if v > 0))
+            self._top_whole = _largest(limit, self.whole)
         return self._top_whole[:count]
 
     def whole_totals(self) -> tuple[int, int]:
@@ -240,7 +236,8 @@ class GpuRoom:
         k = len(self.whole_needed)
         merged = list(whole.items()) + [(n, v) for v, n in base.top_whole(k + len(whole))
                                         if n not in whole]
-        self.top_whole = dict(heapq.nlargest(k, merged, key=lambda item: item[1]))
+        # what heapq.nlargest(k, merged, key=...) gives (a stable sort), without its Python loop
+        self.top_whole = dict(sorted(merged, key=lambda item: item[1], reverse=True)[:k])
         if not self.fractions_needed:
             return
         self.devices = {}
@@ -426,6 +423,21 @@ class AllFreed:
         rooms = _top(self.rooms, len(fractions_needed))
         return _largest_first(rooms + [MILLI] * min(len(fractions_needed), spare),
                               fractions_needed)
+
+
+def _largest(count: int, values: dict[_K, int]) -> list[tuple[int, _K]]:
+    """The `count` largest (value, key) pairs of the positive values, largest first: what
+    heapq.nlargest over all the pairs gives, but with a pair built only for the values at or
+    above the count-th largest (a sort of plain ints finds it; heapq's loop runs as Python)."""
+    if count <= 0:
+        return []
+    ranked = sorted([v for v in values.values() if v > 0], reverse=True)
+    if not ranked:
+        return []
+    threshold = ranked[min(count, len(ranked)) - 1]
+    top = [(v, key) for key, v in values.items() if v >= threshold]
+    top.sort(reverse=True)
+    return top[:count]
 
 
 def _top(counts: dict[int, int], k: int) -> list[int]:
