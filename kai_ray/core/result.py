@@ -6,8 +6,8 @@ from dataclasses import dataclass, field
 
 # The four per-pod classes below (tens of thousands per cycle) write their own `__init__`:
 # mypyc compiles that, while a dataclass-generated one runs as Python bytecode (and `slots=True`
-# would replace the compiled class by a plain one). Not frozen, for the same reason: treat them
-# as read-only.
+# would replace the compiled class by a plain one). Not frozen (a frozen dataclass's fields cannot
+# be set in a hand-written `__init__`): treat them as read-only.
 
 
 @dataclass(init=False)
