@@ -1,0 +1,208 @@
+"""One scheduling cycle of NVIDIA's KAI scheduler (Go) on the synthetic clusters of core_cycle.py.
+
+    python benchmarks/kai_cycle.py [--sizes 100 1000 5000] [--repeat 3] [--core] [--keep DIR]
+
+Writes `kai_ray.sim.synthetic.cluster(N)` as JSON (schema: benchmarks/kai_go/cluster.go), runs
+the Go harness benchmarks/kai_go (KAI-scheduler's own actions and default plugins, in a session
+built with KAI's test utilities) on it, and prints per size the median of --repeat runs: session
+build (the snapshot), each action, the total, and the binds / pipelined pods / evictions the
+cycle made (counted from the calls to KAI's cache mock). `--core` also runs kai_ray's core once
+on the same cluster for its counts. The first run downloads and compiles the KAI module and
+Kubernetes (minutes, about 1 GB of Go caches); later runs reuse Go's build cache.
+Environment passed to the harness: KAI_CYCLE_PARAMS=test keeps the scheduler parameters of KAI's
+test sessions instead of the scheduler's command-line defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from kai_ray.core.model import Job, PodStatus, Snapshot
+from kai_ray.sim.synthetic import cluster
+
+HARNESS = pathlib.Path(__file__).resolve().parent / "kai_go"
+ACTIONS = ("allocate", "consolidation", "reclaim", "preempt", "stalegangeviction")
+PREFIX = "KAI_CYCLE_RESULT "
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000, 5000])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--core", action="store_true",
+                        help="also run kai_ray's core once per size for its counts")
+    parser.add_argument("--keep", type=pathlib.Path,
+                        help="write the cluster JSON and KAI's decisions into this directory")
+    args = parser.parse_args()
+    binary = build_harness()
+    print(f"KAI-scheduler {kai_version()}, actions {', '.join(ACTIONS)}; "
+          f"params {os.environ.get('KAI_CYCLE_PARAMS') or 'scheduler'}")
+    print(f"{'nodes':>6} {'pods':>7} {'pending':>8} {'session s':>9} {'total s':>8} {'min s':>7}"
+          f"  per action (median s); KAI binds / pipelined / evictions")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = args.keep or pathlib.Path(tmp)
+        out.mkdir(parents=True, exist_ok=True)
+        for size in args.sizes:
+            snap = cluster(size)
+            path = out / f"cluster_{size}.json"
+            path.write_text(json.dumps(snapshot_json(snap)))
+            runs = run_harness(binary, path, args.repeat,
+                               out / f"kai_decisions_{size}.json" if args.keep else None)
+            print_row(runs)
+            if args.core:
+                print("        " + core_counts(snap))
+            sys.stdout.flush()
+    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+    print(f"peak RSS of the Go harness: {peak:.0f} MiB")
+    return 0
+
+
+def snapshot_json(snap: Snapshot) -> dict[str, Any]:
+    """The cluster in the harness's schema; raises ValueError naming what KAI's test utilities
+    cannot express."""
+    priorities = {q.priority for q in snap.queues}
+    if len(priorities) > 1:
+        raise ValueError(f"queues: different priorities {sorted(priorities)} (not mapped)")
+    queues = []
+    for q in sorted(snap.queues, key=lambda q: q.created):
+        for field in ("cpu", "memory"):
+            quota = getattr(q, field)
+            if quota.quota != -1 or quota.limit != -1:
+                raise ValueError(f"queue {q.name}: {field} quota/limit must be unlimited (-1)")
+        if q.gpu.limit == 0:
+            raise ValueError(f"queue {q.name}: gpu.limit 0 means unlimited in KAI's test utilities")
+        queues.append({"name": q.name, "parent": q.parent or "", "gpu_quota": q.gpu.quota,
+                       "gpu_limit": q.gpu.limit, "gpu_over_quota_weight": q.gpu.weight})
+    return {
+        "nodes": [{"name": n.name, "cpu_m": n.cpu_m, "memory": n.memory, "gpus": n.gpus,
+                   "gpu_memory_mib": n.gpu_memory_mib, "max_pods": n.max_pods}
+                  for n in snap.nodes],
+        "queues": queues,
+        "jobs": [job_json(j) for j in snap.jobs],
+    }
+
+
+def job_json(job: Job) -> dict[str, Any]:
+    req = job.pods[0].request
+    if job.subgroups or job.stale_since is not None:
+        raise ValueError(f"job {job.name}: subgroups / stale_since are not mapped")
+    if job.preemptible is not None and job.preemptible != (job.priority < 100):
+        raise ValueError(f"job {job.name}: preemptible must follow priority (< 100) in KAI")
+    if req.gpu_memory_mib or req.fraction_devices != 1:
+        raise ValueError(f"job {job.name}: request.gpu_memory_mib / fraction_devices not mapped")
+    pods = []
+    for pod in job.pods:
+        if pod.request != req:
+            raise ValueError(f"job {job.name} pod {pod.name}: request differs from the job's "
+                             "first pod (KAI's test jobs are homogeneous)")
+        if (pod.node_selector or pod.tolerations or pod.node_affinity is not None
+                or pod.replica or pod.task_priority is not None):
+            raise ValueError(f"job {job.name} pod {pod.name}: placement constraints not mapped")
+        if pod.status not in (PodStatus.PENDING, PodStatus.RUNNING):
+            raise ValueError(f"job {job.name} pod {pod.name}: status {pod.status} not mapped")
+        pods.append({"name": pod.name, "status": str(pod.status), "node": pod.node or "",
+                     "gpu_groups": list(pod.gpu_groups)})
+    return {"name": job.name, "queue": job.queue, "priority": job.priority,
+            "min_member": job.min_member, "created": job.created,
+            "request": {"cpu_m": req.cpu_m, "memory": req.memory, "gpus": req.gpus,
+                        "gpu_fraction_milli": req.gpu_fraction_milli},
+            "pods": pods}
+
+
+def build_harness() -> pathlib.Path:
+    go = shutil.which("go")
+    if go is None:
+        raise SystemExit("kai_cycle: `go` is not on PATH; the KAI harness needs Go >= 1.24 "
+                         "(https://go.dev/dl) and the Go module proxy")
+    cache = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache"))
+    binary = cache / "kai-ray" / "kai_cycle.test"
+    binary.parent.mkdir(parents=True, exist_ok=True)
+    print("building the KAI harness (go test -c; the first build downloads and compiles "
+          "KAI-scheduler and Kubernetes: several minutes)...", file=sys.stderr)
+    start = time.perf_counter()
+    done = subprocess.run(["nice", "-n", "10", go, "test", "-c", "-o", str(binary), "."],
+                          cwd=HARNESS, stderr=subprocess.PIPE, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"kai_cycle: building {HARNESS} failed:\n{done.stderr}")
+    print(f"  built in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    return binary
+
+
+def kai_version() -> str:
+    for line in (HARNESS / "go.mod").read_text().splitlines():
+        if "github.com/NVIDIA/KAI-scheduler " in line:
+            return line.split()[-1] if "//" not in line else line.split("//")[0].split()[-1]
+    return "?"
+
+
+def run_harness(binary: pathlib.Path, path: pathlib.Path, repeat: int,
+                decisions: pathlib.Path | None) -> list[dict[str, Any]]:
+    env = {**os.environ, "KAI_CYCLE_JSON": str(path), "KAI_CYCLE_REPEAT": str(repeat)}
+    if decisions is not None:
+        env["KAI_CYCLE_DECISIONS"] = str(decisions)
+    print(f"  running KAI on {path.name} x{repeat}...", file=sys.stderr)
+    proc = subprocess.Popen([str(binary), "-test.run", "^TestKAICycle$", "-test.v",
+                             "-test.timeout", "0"], cwd=HARNESS, env=env,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    runs, other = [], []
+    for line in proc.stdout:
+        if line.startswith(PREFIX):
+            runs.append(json.loads(line[len(PREFIX):]))
+            print(f"    total {runs[-1]['total_s']:.3f} s", file=sys.stderr)
+        else:
+            other.append(line)
+    if proc.wait() != 0 or len(runs) != repeat:
+        raise SystemExit(f"kai_cycle: the harness failed on {path}:\n{''.join(other[-50:])}")
+    return runs
+
+
+def print_row(runs: list[dict[str, Any]]) -> None:
+    first = runs[-1]
+
+    def med(get: Any) -> float:
+        return statistics.median(get(r) for r in runs)
+
+    per_action = ", ".join(
+        f"{a['name']} {med(lambda r, i=i: r['actions'][i]['seconds']):.3f}"
+        for i, a in enumerate(first["actions"]))
+    counts = {(r["binds"], r["pipelined"], r["evictions"]) for r in runs}
+    varies = "" if len(counts) == 1 else f" (runs differ: {sorted(counts)})"
+    print(f"{first['nodes']:>6} {first['pods']:>7} {first['pending']:>8} "
+          f"{med(lambda r: r['session_s']):>9.3f} {med(lambda r: r['total_s']):>8.3f} "
+          f"{min(r['total_s'] for r in runs):>7.3f}  {per_action}; "
+          f"{first['binds']} / {first['pipelined']} / {first['evictions']}{varies}")
+    split = (f"objects {med(lambda r: r['objects_s']):.3f} + open {med(lambda r: r['open_s']):.3f}"
+             if first["objects_s"] >= 0 else "not split")
+    by_action = ", ".join(f"{a['name']} {a['binds']}/{a['pipelined']}/{a['evictions']}"
+                          for a in first["actions"] if a["binds"] or a["pipelined"]
+                          or a["evictions"])
+    final = ", ".join(f"{k} {v}" for k, v in sorted(first["final_status"].items()))
+    print(f"        session: {split} s; by action: {by_action or 'none'}; "
+          f"final pod statuses: {final}; heap {first['heap_mib']:.0f} MiB")
+
+
+def core_counts(snap: Snapshot) -> str:
+    from kai_ray.core.schedule import schedule
+
+    start = time.perf_counter()
+    result = schedule(snap, now=0.0)
+    took = time.perf_counter() - start
+    return (f"kai_ray core (interpreted, {took:.1f} s): binds {len(result.binds)}, pipelined "
+            f"{len(result.pipelined)}, evictions {len(result.evictions)}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
