@@ -10,7 +10,9 @@ package kaicycle
 // as JSON; KAI_CYCLE_PARAMS=test keeps the scheduler parameters of KAI's test sessions
 // (unlimited consolidation preemptees, no scheduling signatures) instead of the scheduler's
 // command-line defaults; KAI_CYCLE_BUILD=BuildSession builds the session with one call of
-// test_utils.BuildSession (snapshot time then not split into objects / open).
+// test_utils.BuildSession (snapshot time then not split); KAI_CYCLE_ACTIONS=allocate,preempt
+// runs only those actions (in KAI's order); KAI_CYCLE_TIMEOUT=seconds stops a run whose actions
+// take longer: it prints the result so far, the unfinished action marked "timed_out", and exits.
 
 import (
 	"encoding/json"
@@ -18,6 +20,7 @@ import (
 	"os"
 	"runtime"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -37,6 +40,7 @@ import (
 	"github.com/NVIDIA/KAI-scheduler/pkg/scheduler/api/resource_info"
 	"github.com/NVIDIA/KAI-scheduler/pkg/scheduler/cache"
 	"github.com/NVIDIA/KAI-scheduler/pkg/scheduler/cache/cluster_info"
+	"github.com/NVIDIA/KAI-scheduler/pkg/scheduler/conf"
 	"github.com/NVIDIA/KAI-scheduler/pkg/scheduler/framework"
 	"github.com/NVIDIA/KAI-scheduler/pkg/scheduler/test_utils"
 	"github.com/NVIDIA/KAI-scheduler/pkg/scheduler/test_utils/jobs_fake"
@@ -50,6 +54,7 @@ func init() {
 type actionResult struct {
 	Name      string  `json:"name"`
 	Seconds   float64 `json:"seconds"`
+	TimedOut  bool    `json:"timed_out,omitempty"`
 	Binds     int     `json:"binds"`
 	Pipelined int     `json:"pipelined"`
 	Evictions int     `json:"evictions"`
@@ -62,10 +67,13 @@ type runResult struct {
 	Build   string         `json:"build"`
 	Params  string         `json:"params"`
 	Objects float64        `json:"objects_s"` // jobs/tasks/nodes/queues infos (-1: not split)
-	Open    float64        `json:"open_s"`    // cache mock + plugins' OnSessionOpen
-	Session float64        `json:"session_s"` // objects + open: the snapshot
+	Mock    float64        `json:"mock_s"`    // cache mock and its informers (test scaffolding)
+	Open    float64        `json:"open_s"`    // plugins' OnSessionOpen
+	Session float64        `json:"session_s"` // objects + open: the snapshot (mock excluded)
 	Actions []actionResult `json:"actions"`
 	Total   float64        `json:"total_s"` // session + actions
+	// the action that did not finish within KAI_CYCLE_TIMEOUT (its seconds are a lower bound)
+	TimedOut string `json:"timed_out,omitempty"`
 	// from the cache mock's calls
 	Binds     int `json:"binds"`
 	Pipelined int `json:"pipelined"`
@@ -121,7 +129,7 @@ func runCycle(t *testing.T, c *Cluster) (*runResult, *decisions) {
 	ctrl := gomock.NewController(t)
 	defer ctrl.Finish()
 	res := &runResult{Nodes: len(c.Nodes), Build: "steps", Params: "scheduler", Objects: -1,
-		Final: map[string]int{}}
+		Mock: -1, Final: map[string]int{}}
 	for _, j := range c.Jobs {
 		res.Pods += len(j.Pods)
 		for _, p := range j.Pods {
@@ -131,17 +139,18 @@ func runCycle(t *testing.T, c *Cluster) (*runResult, *decisions) {
 		}
 	}
 
-	start := time.Now()
 	var ssn *framework.Session
 	if os.Getenv("KAI_CYCLE_BUILD") == "BuildSession" {
 		res.Build = "BuildSession"
+		start := time.Now()
 		ssn = test_utils.BuildSession(topo, ctrl)
 		recountAllocated(ssn.PodGroupInfos)
 		res.Open = time.Since(start).Seconds()
+		res.Session = res.Open
 	} else {
 		ssn = buildSession(topo, ctrl, res)
+		res.Session = res.Objects + res.Open
 	}
-	res.Session = time.Since(start).Seconds()
 
 	if os.Getenv("KAI_CYCLE_PARAMS") == "test" {
 		res.Params = "test"
@@ -156,21 +165,51 @@ func runCycle(t *testing.T, c *Cluster) (*runResult, *decisions) {
 	count := &counter{log: &decisions{}}
 	expectCounted(ssn.Cache.(*cache.MockCache), count)
 
-	actions := []framework.Action{
-		allocate.New(), consolidation.New(), reclaim.New(), preempt.New(), stalegangeviction.New(),
+	actions := selectedActions(t)
+	var limit <-chan time.Time
+	if s := os.Getenv("KAI_CYCLE_TIMEOUT"); s != "" {
+		seconds, err := strconv.ParseFloat(s, 64)
+		if err != nil || seconds <= 0 {
+			t.Fatalf("KAI_CYCLE_TIMEOUT: %q is not a positive number of seconds", s)
+		}
+		limit = time.After(time.Duration(seconds * float64(time.Second)))
 	}
+	// the actions run in one goroutine; this one reports what finished if the limit comes first
+	finished := make(chan actionResult)
+	go func() {
+		for _, action := range actions {
+			b, p, e := count.binds, count.pipelined, count.evictions
+			began := time.Now()
+			action.Execute(ssn)
+			finished <- actionResult{
+				Name: string(action.Name()), Seconds: time.Since(began).Seconds(),
+				Binds: count.binds - b, Pipelined: count.pipelined - p, Evictions: count.evictions - e,
+			}
+		}
+		close(finished)
+	}()
 	actionStart := time.Now()
-	for _, action := range actions {
-		b, p, e := count.binds, count.pipelined, count.evictions
-		began := time.Now()
-		action.Execute(ssn)
-		res.Actions = append(res.Actions, actionResult{
-			Name: string(action.Name()), Seconds: time.Since(began).Seconds(),
-			Binds: count.binds - b, Pipelined: count.pipelined - p, Evictions: count.evictions - e,
-		})
+	lastDone := actionStart
+	for len(res.Actions) < len(actions) {
+		select {
+		case a := <-finished:
+			res.Actions = append(res.Actions, a)
+			res.Binds += a.Binds
+			res.Pipelined += a.Pipelined
+			res.Evictions += a.Evictions
+			lastDone = time.Now()
+		case <-limit:
+			name := string(actions[len(res.Actions)].Name())
+			res.Actions = append(res.Actions, actionResult{
+				Name: name, Seconds: time.Since(lastDone).Seconds(), TimedOut: true})
+			res.TimedOut = name
+			res.Total = res.Session + time.Since(actionStart).Seconds()
+			line, _ := json.Marshal(res)
+			fmt.Printf("KAI_CYCLE_RESULT %s\n", line)
+			os.Exit(0) // the action cannot be interrupted
+		}
 	}
 	res.Total = res.Session + time.Since(actionStart).Seconds()
-	res.Binds, res.Pipelined, res.Evictions = count.binds, count.pipelined, count.evictions
 
 	var mem runtime.MemStats
 	runtime.ReadMemStats(&mem)
@@ -183,12 +222,38 @@ func runCycle(t *testing.T, c *Cluster) (*runResult, *decisions) {
 	return res, count.log
 }
 
-// buildSession does what test_utils.BuildSession does, timing the objects and the session open
-// apart, and sets each job's Allocated from its tasks as KAI's cluster snapshot does (the test
-// builder counts only the first fractional pod of each node).
+func selectedActions(t *testing.T) []framework.Action {
+	all := []framework.Action{ // kai-scheduler's default order
+		allocate.New(), consolidation.New(), reclaim.New(), preempt.New(), stalegangeviction.New(),
+	}
+	names := os.Getenv("KAI_CYCLE_ACTIONS")
+	if names == "" {
+		return all
+	}
+	wanted := map[string]bool{}
+	for _, name := range strings.Split(names, ",") {
+		wanted[strings.TrimSpace(name)] = true
+	}
+	var chosen []framework.Action
+	for _, action := range all {
+		if wanted[string(action.Name())] {
+			chosen = append(chosen, action)
+			delete(wanted, string(action.Name()))
+		}
+	}
+	if len(wanted) > 0 {
+		t.Fatalf("KAI_CYCLE_ACTIONS: unknown actions %v", wanted)
+	}
+	return chosen
+}
+
+// buildSession does what test_utils.BuildSession and CreateFakeSession do, timing apart the
+// objects, the cache mock (test scaffolding: its informers wait ~0.1 s to sync) and the plugins'
+// session open, and sets each job's Allocated from its tasks as KAI's cluster snapshot does (the
+// test builder counts only the first fractional pod of each node).
 func buildSession(topo test_utils.TestTopologyBasic, ctrl *gomock.Controller, res *runResult) *framework.Session {
-	start := time.Now()
 	tiers := test_utils.BuildPlugins(topo) // KAI's default scheduler configuration
+	start := time.Now()
 	jobs, tasksByNode, _ := jobs_fake.BuildJobsAndTasksMaps(topo.Jobs)
 	recountAllocated(jobs)
 	affinity := cache.NewK8sClusterPodAffinityInfo()
@@ -200,12 +265,30 @@ func buildSession(topo test_utils.TestTopologyBasic, ctrl *gomock.Controller, re
 	cluster_info.UpdateQueueHierarchy(queues)
 	res.Objects = time.Since(start).Seconds()
 
-	start = time.Now()
-	config := &test_utils.TestSessionConfig{
-		Plugins: tiers, CachePlugins: map[string]bool{"predicates": true},
+	ssn := &framework.Session{
+		Nodes:         nodes,
+		Config:        &conf.SchedulerConfiguration{Tiers: tiers},
+		Queues:        queues,
+		PodGroupInfos: jobs,
+		Topologies:    topo.Topologies,
 	}
-	ssn := test_utils.CreateFakeSession(config, nodes, jobs, queues, topo, ctrl, true,
-		topo.Topologies, affinity)
+	ssn.OverrideMaxNumberConsolidationPreemptees(-1)
+	ssn.OverrideAllowConsolidatingReclaim(true)
+	ssn.OverrideSchedulerName("kai-scheduler")
+	start = time.Now()
+	ssn.Cache = test_utils.GetTestCacheMock(ctrl, topo.Mocks, nil, affinity)
+	res.Mock = time.Since(start).Seconds()
+
+	start = time.Now()
+	for _, tier := range tiers {
+		for _, option := range tier.Plugins {
+			builder, found := framework.GetPluginBuilder(option.Name)
+			if !found {
+				panic("KAI has no plugin " + option.Name)
+			}
+			builder(option.Arguments).OnSessionOpen(ssn)
+		}
+	}
 	res.Open = time.Since(start).Seconds()
 	return ssn
 }
