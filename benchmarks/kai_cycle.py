@@ -1,13 +1,16 @@
 """One scheduling cycle of NVIDIA's KAI scheduler (Go) on the synthetic clusters of core_cycle.py.
 
     python benchmarks/kai_cycle.py [--sizes 100 1000 5000] [--repeat 3] [--core] [--keep DIR]
+                                   [--timeout SECONDS] [--actions allocate consolidation ...]
 
 Writes `kai_ray.sim.synthetic.cluster(N)` as JSON (schema: benchmarks/kai_go/cluster.go), runs
 the Go harness benchmarks/kai_go (KAI-scheduler's own actions and default plugins, in a session
 built with KAI's test utilities) on it, and prints per size the median of --repeat runs: session
 build (the snapshot), each action, the total, and the binds / pipelined pods / evictions the
 cycle made (counted from the calls to KAI's cache mock). `--core` also runs kai_ray's core once
-on the same cluster for its counts. The first run downloads and compiles the KAI module and
+on the same cluster for its counts. `--timeout` stops a run whose actions take longer (KAI's
+actions cannot be interrupted: the harness exits) and reports the unfinished action as "> s".
+The first run downloads and compiles the KAI module and
 Kubernetes (minutes, about 1 GB of Go caches); later runs reuse Go's build cache.
 Environment passed to the harness: KAI_CYCLE_PARAMS=test keeps the scheduler parameters of KAI's
 test sessions instead of the scheduler's command-line defaults.
@@ -19,7 +22,6 @@ import argparse
 import json
 import os
 import pathlib
-import resource
 import shutil
 import statistics
 import subprocess
@@ -45,10 +47,16 @@ def main() -> int:
                         help="also run kai_ray's core once per size for its counts")
     parser.add_argument("--keep", type=pathlib.Path,
                         help="write the cluster JSON and KAI's decisions into this directory")
+    parser.add_argument("--timeout", type=float,
+                        help="seconds of actions per run before the harness stops")
+    parser.add_argument("--actions", nargs="+", choices=ACTIONS, default=list(ACTIONS))
     args = parser.parse_args()
+    if args.timeout is not None and args.timeout <= 0:
+        parser.error("--timeout must be > 0")
     binary = build_harness()
-    print(f"KAI-scheduler {kai_version()}, actions {', '.join(ACTIONS)}; "
-          f"params {os.environ.get('KAI_CYCLE_PARAMS') or 'scheduler'}")
+    print(f"KAI-scheduler {kai_version()}, actions {', '.join(args.actions)}; "
+          f"params {os.environ.get('KAI_CYCLE_PARAMS') or 'scheduler'}"
+          + (f"; timeout {args.timeout:g} s of actions per run" if args.timeout else ""))
     print(f"{'nodes':>6} {'pods':>7} {'pending':>8} {'session s':>9} {'total s':>8} {'min s':>7}"
           f"  per action (median s); KAI binds / pipelined / evictions")
     with tempfile.TemporaryDirectory() as tmp:
@@ -59,13 +67,12 @@ def main() -> int:
             path = out / f"cluster_{size}.json"
             path.write_text(json.dumps(snapshot_json(snap)))
             runs = run_harness(binary, path, args.repeat,
-                               out / f"kai_decisions_{size}.json" if args.keep else None)
+                               out / f"kai_decisions_{size}.json" if args.keep else None,
+                               args.timeout, args.actions)
             print_row(runs)
             if args.core:
                 print("        " + core_counts(snap))
             sys.stdout.flush()
-    peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
-    print(f"peak RSS of the Go harness: {peak:.0f} MiB")
     return 0
 
 
@@ -148,10 +155,16 @@ def kai_version() -> str:
 
 
 def run_harness(binary: pathlib.Path, path: pathlib.Path, repeat: int,
-                decisions: pathlib.Path | None) -> list[dict[str, Any]]:
-    env = {**os.environ, "KAI_CYCLE_JSON": str(path), "KAI_CYCLE_REPEAT": str(repeat)}
+                decisions: pathlib.Path | None, timeout: float | None,
+                actions: list[str]) -> list[dict[str, Any]]:
+    """The harness's results, one per run; after a run that timed out it has exited, so the
+    remaining runs are not made."""
+    env = {**os.environ, "KAI_CYCLE_JSON": str(path), "KAI_CYCLE_REPEAT": str(repeat),
+           "KAI_CYCLE_ACTIONS": ",".join(actions)}
     if decisions is not None:
         env["KAI_CYCLE_DECISIONS"] = str(decisions)
+    if timeout is not None:
+        env["KAI_CYCLE_TIMEOUT"] = str(timeout)
     print(f"  running KAI on {path.name} x{repeat}...", file=sys.stderr)
     proc = subprocess.Popen([str(binary), "-test.run", "^TestKAICycle$", "-test.v",
                              "-test.timeout", "0"], cwd=HARNESS, env=env,
@@ -161,37 +174,50 @@ def run_harness(binary: pathlib.Path, path: pathlib.Path, repeat: int,
     for line in proc.stdout:
         if line.startswith(PREFIX):
             runs.append(json.loads(line[len(PREFIX):]))
-            print(f"    total {runs[-1]['total_s']:.3f} s", file=sys.stderr)
+            late = f" ({runs[-1]['timed_out']} timed out)" if runs[-1].get("timed_out") else ""
+            print(f"    total {runs[-1]['total_s']:.3f} s{late}", file=sys.stderr)
         else:
             other.append(line)
-    if proc.wait() != 0 or len(runs) != repeat:
+    timed_out = bool(runs) and bool(runs[-1].get("timed_out"))
+    if proc.wait() != 0 or (len(runs) != repeat and not timed_out):
         raise SystemExit(f"kai_cycle: the harness failed on {path}:\n{''.join(other[-50:])}")
     return runs
 
 
 def print_row(runs: list[dict[str, Any]]) -> None:
+    """Medians over the runs; a run that timed out is the last one, and its unfinished action
+    and total print as lower bounds ("> s")."""
     first = runs[-1]
+    late = "> " if first.get("timed_out") else ""
 
     def med(get: Any) -> float:
         return statistics.median(get(r) for r in runs)
 
-    per_action = ", ".join(
-        f"{a['name']} {med(lambda r, i=i: r['actions'][i]['seconds']):.3f}"
-        for i, a in enumerate(first["actions"]))
+    def action_time(i: int, a: dict[str, Any]) -> str:
+        if a.get("timed_out"):
+            return f"{a['name']} > {a['seconds']:.1f} (unfinished)"
+        return f"{a['name']} {med(lambda r: r['actions'][i]['seconds']):.3f}"
+
+    per_action = ", ".join(action_time(i, a) for i, a in enumerate(first["actions"]))
     counts = {(r["binds"], r["pipelined"], r["evictions"]) for r in runs}
     varies = "" if len(counts) == 1 else f" (runs differ: {sorted(counts)})"
+    total = f"{late}{med(lambda r: r['total_s']):.3f}"
     print(f"{first['nodes']:>6} {first['pods']:>7} {first['pending']:>8} "
-          f"{med(lambda r: r['session_s']):>9.3f} {med(lambda r: r['total_s']):>8.3f} "
+          f"{med(lambda r: r['session_s']):>9.3f} {total:>8} "
           f"{min(r['total_s'] for r in runs):>7.3f}  {per_action}; "
-          f"{first['binds']} / {first['pipelined']} / {first['evictions']}{varies}")
-    split = (f"objects {med(lambda r: r['objects_s']):.3f} + open {med(lambda r: r['open_s']):.3f}"
-             if first["objects_s"] >= 0 else "not split")
+          f"{first['binds']} / {first['pipelined']} / {first['evictions']}"
+          f"{' (finished actions)' if late else ''}{varies}")
+    split = (f"objects {med(lambda r: r['objects_s']):.3f} + plugins open "
+             f"{med(lambda r: r['open_s']):.3f} s (cache mock {med(lambda r: r['mock_s']):.3f} s "
+             "not counted)" if first["objects_s"] >= 0 else "not split")
     by_action = ", ".join(f"{a['name']} {a['binds']}/{a['pipelined']}/{a['evictions']}"
                           for a in first["actions"] if a["binds"] or a["pipelined"]
                           or a["evictions"])
     final = ", ".join(f"{k} {v}" for k, v in sorted(first["final_status"].items()))
-    print(f"        session: {split} s; by action: {by_action or 'none'}; "
-          f"final pod statuses: {final}; heap {first['heap_mib']:.0f} MiB")
+    print(f"        session: {split}; binds/pipelined/evictions by action: "
+          f"{by_action or 'none'}"
+          + (f"; final pod statuses: {final}" if final else "")
+          + f"; harness peak RSS {first['peak_rss_mib']:.0f} MiB")
 
 
 def core_counts(snap: Snapshot) -> str:

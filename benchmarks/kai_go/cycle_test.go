@@ -81,6 +81,7 @@ type runResult struct {
 	// pods by final status in the session (Binding, Pipelined, Releasing, ...)
 	Final   map[string]int `json:"final_status"`
 	HeapMiB float64        `json:"heap_mib"`
+	PeakRSS float64        `json:"peak_rss_mib"` // of the process so far (VmHWM; -1 if unknown)
 }
 
 type decisions struct {
@@ -204,6 +205,7 @@ func runCycle(t *testing.T, c *Cluster) (*runResult, *decisions) {
 				Name: name, Seconds: time.Since(lastDone).Seconds(), TimedOut: true})
 			res.TimedOut = name
 			res.Total = res.Session + time.Since(actionStart).Seconds()
+			res.PeakRSS = peakRSSMiB()
 			line, _ := json.Marshal(res)
 			fmt.Printf("KAI_CYCLE_RESULT %s\n", line)
 			os.Exit(0) // the action cannot be interrupted
@@ -214,6 +216,7 @@ func runCycle(t *testing.T, c *Cluster) (*runResult, *decisions) {
 	var mem runtime.MemStats
 	runtime.ReadMemStats(&mem)
 	res.HeapMiB = float64(mem.HeapAlloc) / (1 << 20)
+	res.PeakRSS = peakRSSMiB()
 	for _, job := range ssn.PodGroupInfos {
 		for _, task := range job.GetAllPodsMap() {
 			res.Final[task.Status.String()]++
@@ -325,4 +328,20 @@ func expectCounted(mock *cache.MockCache, count *counter) {
 			count.pipelined++
 			count.log.Pipelined = append(count.log.Pipelined, []string{pod.Name, pod.NodeName})
 		}).AnyTimes()
+}
+
+func peakRSSMiB() float64 {
+	data, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return -1
+	}
+	for _, line := range strings.Split(string(data), "\n") {
+		if fields := strings.Fields(line); len(fields) >= 2 && fields[0] == "VmHWM:" {
+			kib, err := strconv.ParseFloat(fields[1], 64)
+			if err == nil {
+				return kib / 1024
+			}
+		}
+	}
+	return -1
 }
