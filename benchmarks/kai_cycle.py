@@ -2,6 +2,7 @@
 
     python benchmarks/kai_cycle.py [--sizes 100 1000 5000] [--repeat 3] [--core] [--keep DIR]
                                    [--timeout SECONDS] [--actions allocate consolidation ...]
+                                   [--kai-source DIR]
 
 Writes `kai_ray.sim.synthetic.cluster(N)` as JSON (schema: benchmarks/kai_go/cluster.go), runs
 the Go harness benchmarks/kai_go (KAI-scheduler's own actions and default plugins, in a session
@@ -13,7 +14,9 @@ actions cannot be interrupted: the harness exits) and reports the unfinished act
 The first run downloads and compiles the KAI module and
 Kubernetes (minutes, about 1 GB of Go caches); later runs reuse Go's build cache.
 Environment passed to the harness: KAI_CYCLE_PARAMS=test keeps the scheduler parameters of KAI's
-test sessions instead of the scheduler's command-line defaults.
+test sessions instead of the scheduler's command-line defaults. `--kai-source DIR` builds the
+harness against a KAI-scheduler source tree (a `replace` directive in a copy of the harness), to
+time a KAI version the module proxy does not serve or a patched one.
 """
 
 from __future__ import annotations
@@ -50,11 +53,16 @@ def main() -> int:
     parser.add_argument("--timeout", type=float,
                         help="seconds of actions per run before the harness stops")
     parser.add_argument("--actions", nargs="+", choices=ACTIONS, default=list(ACTIONS))
+    parser.add_argument("--kai-source", type=pathlib.Path,
+                        help="a KAI-scheduler source tree to build against instead of go.mod's")
     args = parser.parse_args()
+    if args.kai_source is not None and not (args.kai_source / "go.mod").is_file():
+        parser.error(f"--kai-source: {args.kai_source} has no go.mod")
     if args.timeout is not None and args.timeout <= 0:
         parser.error("--timeout must be > 0")
-    binary = build_harness()
-    print(f"KAI-scheduler {kai_version()}, actions {', '.join(args.actions)}; "
+    binary = build_harness(args.kai_source)
+    source = f" replaced by {args.kai_source.resolve()}" if args.kai_source else ""
+    print(f"KAI-scheduler {kai_version()}{source}, actions {', '.join(args.actions)}; "
           f"params {os.environ.get('KAI_CYCLE_PARAMS') or 'scheduler'}"
           + (f"; timeout {args.timeout:g} s of actions per run" if args.timeout else ""))
     print(f"{'nodes':>6} {'pods':>7} {'pending':>8} {'session s':>9} {'total s':>8} {'min s':>7}"
@@ -128,7 +136,7 @@ def job_json(job: Job) -> dict[str, Any]:
             "pods": pods}
 
 
-def build_harness() -> pathlib.Path:
+def build_harness(kai_source: pathlib.Path | None) -> pathlib.Path:
     go = shutil.which("go")
     if go is None:
         raise SystemExit("kai_cycle: `go` is not on PATH; the KAI harness needs Go >= 1.24 "
@@ -136,13 +144,22 @@ def build_harness() -> pathlib.Path:
     cache = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache"))
     binary = cache / "kai-ray" / "kai_cycle.test"
     binary.parent.mkdir(parents=True, exist_ok=True)
+    source = HARNESS
+    if kai_source is not None:
+        # a copy of the harness whose go.mod points at the source tree
+        source = binary.parent / "kai_go_replaced"
+        shutil.rmtree(source, ignore_errors=True)
+        shutil.copytree(HARNESS, source)
+        with open(source / "go.mod", "a") as mod:
+            mod.write(f"\nreplace github.com/NVIDIA/KAI-scheduler => {kai_source.resolve()}\n")
+        binary = binary.with_name("kai_cycle_replaced.test")
     print("building the KAI harness (go test -c; the first build downloads and compiles "
           "KAI-scheduler and Kubernetes: several minutes)...", file=sys.stderr)
     start = time.perf_counter()
     done = subprocess.run(["nice", "-n", "10", go, "test", "-c", "-o", str(binary), "."],
-                          cwd=HARNESS, stderr=subprocess.PIPE, text=True)
+                          cwd=source, stderr=subprocess.PIPE, text=True)
     if done.returncode != 0:
-        raise SystemExit(f"kai_cycle: building {HARNESS} failed:\n{done.stderr}")
+        raise SystemExit(f"kai_cycle: building {source} failed:\n{done.stderr}")
     print(f"  built in {time.perf_counter() - start:.0f} s", file=sys.stderr)
     return binary
 
