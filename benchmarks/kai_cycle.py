@@ -1,0 +1,251 @@
+"""One scheduling cycle of NVIDIA's KAI scheduler (Go) on the synthetic clusters of core_cycle.py.
+
+    python benchmarks/kai_cycle.py [--sizes 100 1000 5000] [--repeat 3] [--core] [--keep DIR]
+                                   [--timeout SECONDS] [--actions allocate consolidation ...]
+                                   [--kai-source DIR]
+
+Writes `kai_ray.sim.synthetic.cluster(N)` as JSON (schema: benchmarks/kai_go/cluster.go), runs
+the Go harness benchmarks/kai_go (KAI-scheduler's own actions and default plugins, in a session
+built with KAI's test utilities) on it, and prints per size the median of --repeat runs: session
+build (the snapshot), each action, the total, and the binds / pipelined pods / evictions the
+cycle made (counted from the calls to KAI's cache mock). `--core` also runs kai_ray's core once
+on the same cluster for its counts. `--timeout` stops a run whose actions take longer (KAI's
+actions cannot be interrupted: the harness exits) and reports the unfinished action as "> s".
+The first run downloads and compiles the KAI module and
+Kubernetes (minutes, about 1 GB of Go caches); later runs reuse Go's build cache.
+Environment passed to the harness: KAI_CYCLE_PARAMS=test keeps the scheduler parameters of KAI's
+test sessions instead of the scheduler's command-line defaults. `--kai-source DIR` builds the
+harness against a KAI-scheduler source tree (a `replace` directive in a copy of the harness), to
+time a KAI version the module proxy does not serve or a patched one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Any
+
+from kai_ray.core.model import Job, PodStatus, Snapshot
+from kai_ray.sim.synthetic import cluster
+
+HARNESS = pathlib.Path(__file__).resolve().parent / "kai_go"
+ACTIONS = ("allocate", "consolidation", "reclaim", "preempt", "stalegangeviction")
+PREFIX = "KAI_CYCLE_RESULT "
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000, 5000])
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--core", action="store_true",
+                        help="also run kai_ray's core once per size for its counts")
+    parser.add_argument("--keep", type=pathlib.Path,
+                        help="write the cluster JSON and KAI's decisions into this directory")
+    parser.add_argument("--timeout", type=float,
+                        help="seconds of actions per run before the harness stops")
+    parser.add_argument("--actions", nargs="+", choices=ACTIONS, default=list(ACTIONS))
+    parser.add_argument("--kai-source", type=pathlib.Path,
+                        help="a KAI-scheduler source tree to build against instead of go.mod's")
+    args = parser.parse_args()
+    if args.kai_source is not None and not (args.kai_source / "go.mod").is_file():
+        parser.error(f"--kai-source: {args.kai_source} has no go.mod")
+    if args.timeout is not None and args.timeout <= 0:
+        parser.error("--timeout must be > 0")
+    binary = build_harness(args.kai_source)
+    source = f" replaced by {args.kai_source.resolve()}" if args.kai_source else ""
+    print(f"KAI-scheduler {kai_version()}{source}, actions {', '.join(args.actions)}; "
+          f"params {os.environ.get('KAI_CYCLE_PARAMS') or 'scheduler'}"
+          + (f"; timeout {args.timeout:g} s of actions per run" if args.timeout else ""))
+    print(f"{'nodes':>6} {'pods':>7} {'pending':>8} {'session s':>9} {'total s':>8} {'min s':>7}"
+          f"  per action (median s); KAI binds / pipelined / evictions")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = args.keep or pathlib.Path(tmp)
+        out.mkdir(parents=True, exist_ok=True)
+        for size in args.sizes:
+            snap = cluster(size)
+            path = out / f"cluster_{size}.json"
+            path.write_text(json.dumps(snapshot_json(snap)))
+            runs = run_harness(binary, path, args.repeat,
+                               out / f"kai_decisions_{size}.json" if args.keep else None,
+                               args.timeout, args.actions)
+            print_row(runs)
+            if args.core:
+                print("        " + core_counts(snap))
+            sys.stdout.flush()
+    return 0
+
+
+def snapshot_json(snap: Snapshot) -> dict[str, Any]:
+    """The cluster in the harness's schema; raises ValueError naming what KAI's test utilities
+    cannot express."""
+    priorities = {q.priority for q in snap.queues}
+    if len(priorities) > 1:
+        raise ValueError(f"queues: different priorities {sorted(priorities)} (not mapped)")
+    queues = []
+    for q in sorted(snap.queues, key=lambda q: q.created):
+        for field in ("cpu", "memory"):
+            quota = getattr(q, field)
+            if quota.quota != -1 or quota.limit != -1:
+                raise ValueError(f"queue {q.name}: {field} quota/limit must be unlimited (-1)")
+        if q.gpu.limit == 0:
+            raise ValueError(f"queue {q.name}: gpu.limit 0 means unlimited in KAI's test utilities")
+        queues.append({"name": q.name, "parent": q.parent or "", "gpu_quota": q.gpu.quota,
+                       "gpu_limit": q.gpu.limit, "gpu_over_quota_weight": q.gpu.weight})
+    return {
+        "nodes": [{"name": n.name, "cpu_m": n.cpu_m, "memory": n.memory, "gpus": n.gpus,
+                   "gpu_memory_mib": n.gpu_memory_mib, "max_pods": n.max_pods}
+                  for n in snap.nodes],
+        "queues": queues,
+        "jobs": [job_json(j) for j in snap.jobs],
+    }
+
+
+def job_json(job: Job) -> dict[str, Any]:
+    req = job.pods[0].request
+    if job.subgroups or job.stale_since is not None:
+        raise ValueError(f"job {job.name}: subgroups / stale_since are not mapped")
+    if job.preemptible is not None and job.preemptible != (job.priority < 100):
+        raise ValueError(f"job {job.name}: preemptible must follow priority (< 100) in KAI")
+    if req.gpu_memory_mib or req.fraction_devices != 1:
+        raise ValueError(f"job {job.name}: request.gpu_memory_mib / fraction_devices not mapped")
+    pods = []
+    for pod in job.pods:
+        if pod.request != req:
+            raise ValueError(f"job {job.name} pod {pod.name}: request differs from the job's "
+                             "first pod (KAI's test jobs are homogeneous)")
+        if (pod.node_selector or pod.tolerations or pod.node_affinity is not None
+                or pod.replica or pod.task_priority is not None):
+            raise ValueError(f"job {job.name} pod {pod.name}: placement constraints not mapped")
+        if pod.status not in (PodStatus.PENDING, PodStatus.RUNNING):
+            raise ValueError(f"job {job.name} pod {pod.name}: status {pod.status} not mapped")
+        pods.append({"name": pod.name, "status": str(pod.status), "node": pod.node or "",
+                     "gpu_groups": list(pod.gpu_groups)})
+    return {"name": job.name, "queue": job.queue, "priority": job.priority,
+            "min_member": job.min_member, "created": job.created,
+            "request": {"cpu_m": req.cpu_m, "memory": req.memory, "gpus": req.gpus,
+                        "gpu_fraction_milli": req.gpu_fraction_milli},
+            "pods": pods}
+
+
+def build_harness(kai_source: pathlib.Path | None) -> pathlib.Path:
+    go = shutil.which("go")
+    if go is None:
+        raise SystemExit("kai_cycle: `go` is not on PATH; the KAI harness needs Go >= 1.24 "
+                         "(https://go.dev/dl) and the Go module proxy")
+    cache = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache"))
+    binary = cache / "kai-ray" / "kai_cycle.test"
+    binary.parent.mkdir(parents=True, exist_ok=True)
+    source = HARNESS
+    if kai_source is not None:
+        # a copy of the harness whose go.mod points at the source tree
+        source = binary.parent / "kai_go_replaced"
+        shutil.rmtree(source, ignore_errors=True)
+        shutil.copytree(HARNESS, source)
+        with open(source / "go.mod", "a") as mod:
+            mod.write(f"\nreplace github.com/NVIDIA/KAI-scheduler => {kai_source.resolve()}\n")
+        binary = binary.with_name("kai_cycle_replaced.test")
+    print("building the KAI harness (go test -c; the first build downloads and compiles "
+          "KAI-scheduler and Kubernetes: several minutes)...", file=sys.stderr)
+    start = time.perf_counter()
+    done = subprocess.run(["nice", "-n", "10", go, "test", "-c", "-o", str(binary), "."],
+                          cwd=source, stderr=subprocess.PIPE, text=True)
+    if done.returncode != 0:
+        raise SystemExit(f"kai_cycle: building {source} failed:\n{done.stderr}")
+    print(f"  built in {time.perf_counter() - start:.0f} s", file=sys.stderr)
+    return binary
+
+
+def kai_version() -> str:
+    for line in (HARNESS / "go.mod").read_text().splitlines():
+        if "github.com/NVIDIA/KAI-scheduler " in line:
+            return line.split()[-1] if "//" not in line else line.split("//")[0].split()[-1]
+    return "?"
+
+
+def run_harness(binary: pathlib.Path, path: pathlib.Path, repeat: int,
+                decisions: pathlib.Path | None, timeout: float | None,
+                actions: list[str]) -> list[dict[str, Any]]:
+    """The harness's results, one per run; after a run that timed out it has exited, so the
+    remaining runs are not made."""
+    env = {**os.environ, "KAI_CYCLE_JSON": str(path), "KAI_CYCLE_REPEAT": str(repeat),
+           "KAI_CYCLE_ACTIONS": ",".join(actions)}
+    if decisions is not None:
+        env["KAI_CYCLE_DECISIONS"] = str(decisions)
+    if timeout is not None:
+        env["KAI_CYCLE_TIMEOUT"] = str(timeout)
+    print(f"  running KAI on {path.name} x{repeat}...", file=sys.stderr)
+    proc = subprocess.Popen([str(binary), "-test.run", "^TestKAICycle$", "-test.v",
+                             "-test.timeout", "0"], cwd=HARNESS, env=env,
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    runs, other = [], []
+    for line in proc.stdout:
+        if line.startswith(PREFIX):
+            runs.append(json.loads(line[len(PREFIX):]))
+            late = f" ({runs[-1]['timed_out']} timed out)" if runs[-1].get("timed_out") else ""
+            print(f"    total {runs[-1]['total_s']:.3f} s{late}", file=sys.stderr)
+        else:
+            other.append(line)
+    timed_out = bool(runs) and bool(runs[-1].get("timed_out"))
+    if proc.wait() != 0 or (len(runs) != repeat and not timed_out):
+        raise SystemExit(f"kai_cycle: the harness failed on {path}:\n{''.join(other[-50:])}")
+    return runs
+
+
+def print_row(runs: list[dict[str, Any]]) -> None:
+    """Medians over the runs; a run that timed out is the last one, and its unfinished action
+    and total print as lower bounds ("> s")."""
+    first = runs[-1]
+    late = "> " if first.get("timed_out") else ""
+
+    def med(get: Any) -> float:
+        return statistics.median(get(r) for r in runs)
+
+    def action_time(i: int, a: dict[str, Any]) -> str:
+        if a.get("timed_out"):
+            return f"{a['name']} > {a['seconds']:.1f} (unfinished)"
+        return f"{a['name']} {med(lambda r: r['actions'][i]['seconds']):.3f}"
+
+    per_action = ", ".join(action_time(i, a) for i, a in enumerate(first["actions"]))
+    counts = {(r["binds"], r["pipelined"], r["evictions"]) for r in runs}
+    varies = "" if len(counts) == 1 else f" (runs differ: {sorted(counts)})"
+    total = f"{late}{med(lambda r: r['total_s']):.3f}"
+    print(f"{first['nodes']:>6} {first['pods']:>7} {first['pending']:>8} "
+          f"{med(lambda r: r['session_s']):>9.3f} {total:>8} "
+          f"{min(r['total_s'] for r in runs):>7.3f}  {per_action}; "
+          f"{first['binds']} / {first['pipelined']} / {first['evictions']}"
+          f"{' (finished actions)' if late else ''}{varies}")
+    split = (f"objects {med(lambda r: r['objects_s']):.3f} + plugins open "
+             f"{med(lambda r: r['open_s']):.3f} s (cache mock {med(lambda r: r['mock_s']):.3f} s "
+             "not counted)" if first["objects_s"] >= 0 else "not split")
+    by_action = ", ".join(f"{a['name']} {a['binds']}/{a['pipelined']}/{a['evictions']}"
+                          for a in first["actions"] if a["binds"] or a["pipelined"]
+                          or a["evictions"])
+    final = ", ".join(f"{k} {v}" for k, v in sorted(first["final_status"].items()))
+    print(f"        session: {split}; binds/pipelined/evictions by action: "
+          f"{by_action or 'none'}"
+          + (f"; final pod statuses: {final}" if final else "")
+          + f"; harness peak RSS {first['peak_rss_mib']:.0f} MiB")
+
+
+def core_counts(snap: Snapshot) -> str:
+    from kai_ray.core.schedule import schedule
+
+    start = time.perf_counter()
+    result = schedule(snap, now=0.0)
+    took = time.perf_counter() - start
+    return (f"kai_ray core (interpreted, {took:.1f} s): binds {len(result.binds)}, pipelined "
+            f"{len(result.pipelined)}, evictions {len(result.evictions)}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
