@@ -2,14 +2,15 @@
 
     python benchmarks/kai_cycle.py [--sizes 100 1000 5000] [--repeat 3] [--core] [--keep DIR]
                                    [--timeout SECONDS] [--actions allocate consolidation ...]
-                                   [--kai-source DIR]
+                                   [--kai-source DIR] [--compare]
 
 Writes `kai_ray.sim.synthetic.cluster(N)` as JSON (schema: benchmarks/kai_go/cluster.go), runs
 the Go harness benchmarks/kai_go (KAI-scheduler's own actions and default plugins, in a session
 built with KAI's test utilities) on it, and prints per size the median of --repeat runs: session
 build (the snapshot), each action, the total, and the binds / pipelined pods / evictions the
 cycle made (counted from the calls to KAI's cache mock). `--core` also runs kai_ray's core once
-on the same cluster for its counts. `--timeout` stops a run whose actions take longer (KAI's
+on the same cluster for its counts; `--compare` compares KAI's decisions with the core's pod by
+pod. `--timeout` stops a run whose actions take longer (KAI's
 actions cannot be interrupted: the harness exits) and reports the unfinished action as "> s".
 The first run downloads and compiles the KAI module and
 Kubernetes (minutes, about 1 GB of Go caches); later runs reuse Go's build cache.
@@ -53,6 +54,8 @@ def main() -> int:
     parser.add_argument("--timeout", type=float,
                         help="seconds of actions per run before the harness stops")
     parser.add_argument("--actions", nargs="+", choices=ACTIONS, default=list(ACTIONS))
+    parser.add_argument("--compare", action="store_true",
+                        help="compare KAI's decisions with kai_ray's core, pod by pod")
     parser.add_argument("--kai-source", type=pathlib.Path,
                         help="a KAI-scheduler source tree to build against instead of go.mod's")
     args = parser.parse_args()
@@ -74,10 +77,13 @@ def main() -> int:
             snap = cluster(size)
             path = out / f"cluster_{size}.json"
             path.write_text(json.dumps(snapshot_json(snap)))
+            decisions = out / f"kai_decisions_{size}.json"
             runs = run_harness(binary, path, args.repeat,
-                               out / f"kai_decisions_{size}.json" if args.keep else None,
+                               decisions if args.keep or args.compare else None,
                                args.timeout, args.actions)
             print_row(runs)
+            if args.compare and not runs[-1].get("timed_out"):
+                print("        " + compare(snap, json.loads(decisions.read_text())))
             if args.core:
                 print("        " + core_counts(snap))
             sys.stdout.flush()
@@ -235,6 +241,33 @@ def print_row(runs: list[dict[str, Any]]) -> None:
           f"{by_action or 'none'}"
           + (f"; final pod statuses: {final}" if final else "")
           + f"; harness peak RSS {first['peak_rss_mib']:.0f} MiB")
+
+
+def compare(snap: Snapshot, kai: dict[str, Any]) -> str:
+    """KAI's decisions (the harness names a pod `<job>-<index in the job>`) against kai_ray's
+    core on the same snapshot."""
+    from kai_ray.core.schedule import schedule
+
+    ours = schedule(snap, now=0.0)
+    names = {f"{job.name}-{i}": pod for job in snap.jobs for i, pod in enumerate(job.pods)}
+    unknown = [n for n, *_ in kai["binds"] + kai["pipelined"] if n not in names] + [
+        n for n in kai["evictions"] if n not in names]
+    if unknown:
+        raise SystemExit(f"kai_cycle: KAI decided on pods not in the snapshot: {unknown[:5]}")
+    our_binds = {b.pod: b.node for b in ours.binds}
+    same_node = sum(1 for n, node, *_ in kai["binds"] if our_binds.get(names[n].name) == node)
+    kai_pipelined = {names[n].name for n, *_ in kai["pipelined"]}
+    our_pipelined = {p.pod for p in ours.pipelined}
+    evicted = {names[n].name: names[n] for n in kai["evictions"]}
+    running = {n for n, pod in evicted.items() if pod.status == PodStatus.RUNNING}
+    our_evicted = {e.pod for e in ours.evictions}
+    return (f"vs kai_ray's core: binds on the same node {same_node} of KAI's {len(kai['binds'])}"
+            f" (ours {len(our_binds)}); pipelined: {len(our_pipelined & kai_pipelined)} of our "
+            f"{len(our_pipelined)} among KAI's {len(kai_pipelined)}; evicted running pods: "
+            f"{len(running & our_evicted)} of KAI's {len(running)} also ours (ours "
+            f"{len(our_evicted)}); KAI also evicted {len(evicted) - len(running)} pods pending "
+            f"in the snapshot, and made {len(kai['evictions']) - len(evicted)} repeated "
+            "eviction calls")
 
 
 def core_counts(snap: Snapshot) -> str:

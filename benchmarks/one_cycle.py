@@ -2,7 +2,10 @@
 
     python benchmarks/one_cycle.py [NODES]
 
-Prints which core ran (compiled or interpreted), the CPU seconds, binds and evictions. Under
+Prints which core ran (compiled or interpreted), the CPU seconds, binds and evictions, and a
+digest of every decision and explanation (binds with nodes and devices, evictions with their
+messages, pipelined pods, job statuses, queue shares, every pod's outcome): equal digests at
+two commits mean the same decisions. Under
 callgrind it gives a count of instructions that does not drift with the machine's speed, which
 is how BENCHMARKS.md compares versions of the compiled core:
 
@@ -15,10 +18,12 @@ is how BENCHMARKS.md compares versions of the compiled core:
 
 from __future__ import annotations
 
+import hashlib
 import sys
 import time
 
 from kai_ray import core
+from kai_ray.core.result import CycleResult
 from kai_ray.core.schedule import schedule
 from kai_ray.sim.synthetic import cluster
 
@@ -30,8 +35,20 @@ def main() -> int:
     result = schedule(snapshot, now=0.0)
     print(f"core: {'compiled (mypyc)' if core.COMPILED else 'interpreted'}; {size} nodes: "
           f"{time.process_time() - start:.3f} s CPU, {len(result.binds)} binds, "
-          f"{len(result.evictions)} evictions")
+          f"{len(result.evictions)} evictions, decisions {digest(result)}")
     return 0
+
+
+def digest(result: CycleResult) -> str:
+    lines = [f"B {b.job} {b.pod} {b.node} {b.gpu_groups} {b.new_gpu_groups} {b.gpu_portion}"
+             for b in result.binds]
+    lines += [f"E {e.job} {e.pod} {e.node} {e.action} {e.preemptor} {e.message}"
+              for e in result.evictions]
+    lines += [f"P {p.job} {p.pod} {p.node}" for p in result.pipelined]
+    lines += [f"S {n} {s.reason} {s.message}" for n, s in sorted(result.job_status.items())]
+    lines += [f"Q {n} {q.allocated} {q.fair_share}" for n, q in sorted(result.queues.items())]
+    lines += [f"O {n} {o.status} {o.node} {o.gpu_groups}" for n, o in sorted(result.pods.items())]
+    return hashlib.sha256("\n".join(lines).encode()).hexdigest()[:16]
 
 
 if __name__ == "__main__":

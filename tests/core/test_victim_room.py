@@ -47,9 +47,7 @@ def _reference(sess: Session, prefix: list[Task], victims: list[Task]) -> bool:
     """Free whole GPUs per node and room per shared device after `victims` go, then the
     whole requests greedily, then the fractions into device rooms and the spare whole GPUs."""
     whole = {n: int(sess.free_gpu()[n]) for n in range(len(sess.nodes)) if sess.schedulable[n]}
-    rooms = {(n, g.gid): MILLI - g.used + g.releasing
-             for n in range(len(sess.nodes)) if sess.schedulable[n]
-             for g in sess.groups[n].values() if g.releasing < g.used}
+    rooms = _plain_rooms(sess)
     freed: dict[tuple[int, str], int] = {}
     for t in victims:
         if t.node < 0 or not sess.schedulable[t.node]:

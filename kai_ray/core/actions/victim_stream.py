@@ -4,10 +4,9 @@ those that cannot yet make room for it (see `VictimStream`)."""
 
 from __future__ import annotations
 
-import heapq
 from bisect import bisect_left
 from collections.abc import Iterator
-from heapq import heapify, heappop, heappush
+from heapq import heapify, heappop, heappush, merge
 from itertools import chain
 
 from kai_ray.core.actions.gpu_room import FreeGpus, GpuRoom
@@ -165,7 +164,7 @@ class VictimStream:
                 source.push(rest)
                 self.single_takes = False
             new.append((victim_key(self.sess, unit.order_key()), unit.job, taken))
-        entries = list(heapq.merge(((self.keys[i], self.jobs[i], self.taken[i]) for i in kept),
+        entries = list(merge(((self.keys[i], self.jobs[i], self.taken[i]) for i in kept),
                                    new, key=lambda entry: entry[0]))
         single = self.single_takes
         self._start(free)
