@@ -1,7 +1,10 @@
 """One full scheduling cycle (snapshot compile + all actions) on synthetic clusters.
 
     python benchmarks/core_cycle.py [--sizes 100 1000 5000] [--repeat 5] [--count-calls]
-                                    [--compiled]
+                                    [--compiled] [--busy]
+
+`--busy` runs the mostly running clusters of `kai_ray.sim.synthetic.busy_cluster` (about 28 pods
+per node, 42 pending pods, shaped like KAI-Scheduler#315) instead of the issue's workload.
 
 Prints the median wall time of `schedule()` per size (and its median CPU time, which other load
 on the machine disturbs less), and per action. `--count-calls` also counts, per action, the
@@ -32,7 +35,7 @@ import time
 from kai_ray.core import placement
 from kai_ray.core.actions import solver, victim_stream
 from kai_ray.core.schedule import schedule
-from kai_ray.sim.synthetic import cluster
+from kai_ray.sim.synthetic import busy_cluster, cluster
 from kai_ray.testing import compiled_core
 
 
@@ -42,6 +45,7 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--count-calls", action="store_true")
     parser.add_argument("--compiled", action="store_true")
+    parser.add_argument("--busy", action="store_true")
     args = parser.parse_args()
     if args.compiled and not compiled_core.running_compiled():
         if args.count_calls:
@@ -53,14 +57,15 @@ def main() -> int:
     if os.environ.get("KAI_RAY_BENCH_COMPILED") and not compiled_core.running_compiled():
         raise SystemExit("the compiled core did not load (is an interpreted kai_ray first on "
                          "sys.path?)")
-    print("core: " + ("compiled (mypyc)" if compiled_core.running_compiled() else "interpreted"))
+    print("core: " + ("compiled (mypyc)" if compiled_core.running_compiled() else "interpreted")
+          + ("; busy clusters" if args.busy else ""))
     counts: collections.Counter[str] = collections.Counter()
     if args.count_calls:
         _count(counts)
     print(f"{'nodes':>6} {'pods':>7} {'pending':>8} {'median s':>9} {'min s':>7} {'cpu s':>7}  "
           "per action (median wall s)")
     for size in args.sizes:
-        snap = cluster(size)
+        snap = (busy_cluster if args.busy else cluster)(size)
         pods = sum(len(j.pods) for j in snap.jobs)
         pending = sum(1 for j in snap.jobs for p in j.pods if p.node is None)
         times, cpu, actions = [], [], []

@@ -1,6 +1,9 @@
 """One `schedule()` call on the synthetic cluster of N nodes (default 1,000), for profilers.
 
-    python benchmarks/one_cycle.py [NODES]
+    python benchmarks/one_cycle.py [NODES] [--busy]
+
+`--busy` takes the mostly running cluster (`kai_ray.sim.synthetic.busy_cluster`) instead of the
+issue's workload (`cluster`).
 
 Prints which core ran (compiled or interpreted), the CPU seconds, binds and evictions, and a
 digest of every decision and explanation (binds with nodes and devices, evictions with their
@@ -18,6 +21,7 @@ is how BENCHMARKS.md compares versions of the compiled core:
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import sys
 import time
@@ -25,15 +29,21 @@ import time
 from kai_ray import core
 from kai_ray.core.result import CycleResult
 from kai_ray.core.schedule import schedule
-from kai_ray.sim.synthetic import cluster
+from kai_ray.sim.synthetic import busy_cluster, cluster
 
 
 def main() -> int:
-    size = int(sys.argv[1]) if len(sys.argv) > 1 else 1000
-    snapshot = cluster(size)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("nodes", type=int, nargs="?", default=1000)
+    parser.add_argument("--busy", action="store_true")
+    args = parser.parse_args()
+    size = args.nodes
+    snapshot = (busy_cluster if args.busy else cluster)(size)
     start = time.process_time()
     result = schedule(snapshot, now=0.0)
-    print(f"core: {'compiled (mypyc)' if core.COMPILED else 'interpreted'}; {size} nodes: "
+    print(f"core: {'compiled (mypyc)' if core.COMPILED else 'interpreted'}; {size} "
+          f"{'busy ' if args.busy else ''}nodes: "
           f"{time.process_time() - start:.3f} s CPU, {len(result.binds)} binds, "
           f"{len(result.evictions)} evictions, decisions {digest(result)}")
     return 0

@@ -111,11 +111,6 @@ def compare_queues(sess: Session, lq: QueueState, rq: QueueState,
     return -1 if lq.name < rq.name else (1 if lq.name > rq.name else 0)
 
 
-def victim_key(sess: Session, key: tuple[int, int, float, str]) -> int:
-    """The victim order as one number (heapq is a min-heap): the job order's, negated."""
-    return -sess.order_number(key)
-
-
 class Entry(Protocol):
     """What a JobQueue holds: a job, or a victim unit standing for part of one."""
 
@@ -126,6 +121,8 @@ class Entry(Protocol):
     def job(self) -> JobState: ...
 
     def order_key(self) -> tuple[int, int, float, str]: ...
+
+    def order_number(self, sess: Session) -> int: ...
 
     def taken_amount(self) -> tuple[float, float, float]: ...
 
@@ -147,11 +144,12 @@ class JobQueue(Generic[E]):
         # ids of discarded items still in a heap: dropped when they reach its top
         self.dead: set[int] = set()
         self.seq = 0
+        # the victim order is the job order reversed (heapq is a min-heap: numbers negated)
+        sign = -1 if reverse else 1
         for item in items:
-            key = item.order_key()
             self.seq += 1
             self.heaps.setdefault(item.queue, []).append(
-                (victim_key(sess, key) if reverse else sess.order_number(key), self.seq, item))
+                (sign * item.order_number(sess), self.seq, item))
         for heap in self.heaps.values():
             heapify(heap)
 
@@ -193,8 +191,8 @@ class JobQueue(Generic[E]):
                 self.dead.discard(id(heappop(heap)[2]))
 
     def push(self, item: E) -> None:
-        key = item.order_key()
-        entry = victim_key(self.sess, key) if self.reverse else self.sess.order_number(key)
+        number = item.order_number(self.sess)
+        entry = -number if self.reverse else number
         self.seq += 1
         heappush(self.heaps.setdefault(item.queue, []), (entry, self.seq, item))
 

@@ -173,6 +173,10 @@ class JobState:
     def pending_tasks(self) -> list[Task]:
         return [t for t in self.tasks if t.status == PodStatus.PENDING]
 
+    def has_pending(self) -> bool:
+        """Whether `pending_tasks` is not empty (without building it: most jobs run)."""
+        return any(t.status == PodStatus.PENDING for t in self.tasks)
+
     def active_count(self) -> int:
         return sum(1 for t in self.tasks if t.status in ACTIVE_ALLOCATED)
 
@@ -193,6 +197,10 @@ class JobState:
 
     def order_key(self) -> tuple[int, int, float, str]:
         return (-self.priority, self.elastic_rank(), self.created, self.name)
+
+    def order_number(self, sess: Session) -> int:
+        """`order_key` as `Session.order_number` numbers it (not kept: the rank changes)."""
+        return sess.order_number(self.order_key())
 
     def taken_amount(self) -> tuple[float, float, float]:
         return (0.0, 0.0, 0.0)
@@ -558,11 +566,33 @@ class Session:
         return path
 
     def _load_usage(self) -> None:
+        """The snapshot's pods on their nodes. Summed in the lists first and written to the
+        arrays once, and each GPU node recounted once: what `_place_resources` does pod by
+        pod, without a numpy item write and a recount per pod."""
+        at = self.at
+        used_cpu, used_mem, used_pods = at.used_cpu, at.used_mem, at.used_pods
+        gpu_nodes: dict[int, bool] = {}  # GPU nodes, and whether shared devices changed
+        releasing: list[Task] = []
         for task in self.tasks:
-            if task.status in ACTIVE_USED and task.node >= 0:
-                self._place_resources(task, task.node, task.groups, existing=True)
-                if task.status == PodStatus.RELEASING:
-                    self._mark_releasing(task, +1)
+            node = task.node
+            if node < 0 or task.status not in ACTIVE_USED:
+                continue
+            req = task.req
+            used_cpu[node] = used_cpu[node] + req.cpu_m
+            used_mem[node] = used_mem[node] + req.memory
+            used_pods[node] = used_pods[node] + 1
+            self._hold_gpus(task, node, task.groups)
+            if req.wants_gpu:
+                gpu_nodes[node] = gpu_nodes.get(node, False) or not req.gpus
+            if task.status == PodStatus.RELEASING:
+                releasing.append(task)
+        self.used_cpu[:] = used_cpu
+        self.used_mem[:] = used_mem
+        self.used_pods[:] = used_pods
+        for node, devices in gpu_nodes.items():
+            self._refresh_gpu(node, devices=devices)
+        for task in releasing:
+            self._mark_releasing(task, +1)
         self._index_gpu_room()
         self.total = [float(self.cap_cpu[self.schedulable].sum()),
                       float(self.cap_mem[self.schedulable].sum()),
@@ -769,10 +799,17 @@ class Session:
         self.dev_rel = np.hstack([self.dev_rel, np.zeros((count, pad), dtype=np.int64)])
         self.dev_on = np.hstack([self.dev_on, np.zeros((count, pad), dtype=bool)])
 
-    def _place_resources(self, task: Task, node: int, groups: tuple[str, ...],
-                         existing: bool = False) -> None:
+    def _place_resources(self, task: Task, node: int, groups: tuple[str, ...]) -> None:
         req = task.req
         self._add_usage(node, req.cpu_m, req.memory, 1)
+        self._hold_gpus(task, node, groups)
+        if req.wants_gpu:
+            self._refresh_gpu(node, devices=not req.gpus)
+
+    def _hold_gpus(self, task: Task, node: int, groups: tuple[str, ...]) -> None:
+        """The task on `node`: its whole GPUs or its share of devices `groups`, and what it is
+        charged (the node's GPU counts are left to `_refresh_gpu`)."""
+        req = task.req
         if req.gpus:
             self.whole_used[node] = self.whole_used[node] + req.gpus
         elif req.is_shared:
@@ -788,8 +825,6 @@ class Session:
         task.node = node
         task.groups = groups
         task.accepted_gpu = self.task_queue_amount(task)[GPU]
-        if req.wants_gpu:
-            self._refresh_gpu(node, devices=not req.gpus)
 
     def _remove_resources(self, task: Task) -> None:
         node, req = task.node, task.req

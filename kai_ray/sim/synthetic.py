@@ -1,5 +1,8 @@
-"""Synthetic clusters for benchmarks: N nodes x 8 GPUs, half full of running pods, with pending
-gangs of 1-16 pods (a third of them fractional) adding up to 10 x N pods."""
+"""Synthetic clusters for benchmarks, N nodes x 8 GPUs each.
+
+`cluster`: the issue's workload, half full of running pods, with pending gangs of 1-16 pods (a
+third of them fractional) adding up to 10 x N pods. `busy_cluster`: a cluster that is mostly
+running with little pending, shaped like the production snapshot of KAI-Scheduler#315."""
 
 from __future__ import annotations
 
@@ -56,4 +59,52 @@ def cluster(nodes: int, seed: int = 0, pending_per_node: int = 10, queues: int =
                         min_member=size, created=float(j)))
         pending += size
         j += 1
+    return Snapshot(nodes=node_list, queues=tuple(queue_list), jobs=tuple(jobs))
+
+
+def busy_cluster(nodes: int, seed: int = 0, cpu_pods_per_node: int = 20) -> Snapshot:
+    """7 of every node's 8 GPUs busy (five single-GPU pods and a device shared by two half-GPU
+    pods) plus `cpu_pods_per_node` CPU-only pods, about 28 pods per node (#315: 140,000 pods on
+    4,000 nodes). The nodes' pods belong to four queues of equal quota in shares 40/30/20/10 %,
+    so team-0 and team-1 run over quota. Pending, as in #315's cases (Deployments of 4-GPU pods,
+    one PodGroup per pod): 20 such pods of the under-quota team-3 and 6 of priority 100 in
+    team-0 (no node has 4 idle GPUs: they need victims), and 16 half-GPU pods in team-2 (they
+    fit on idle GPUs)."""
+    rng = random.Random(seed)
+    node_list = tuple(
+        Node(name=f"node-{i:05d}", cpu_m=128_000, memory=1024 * 10**9, gpus=GPUS_PER_NODE,
+             gpu_memory_mib=81920, max_pods=250)
+        for i in range(nodes))
+    total_gpus = nodes * GPUS_PER_NODE
+    queue_list = [Queue("root", gpu=OPEN, cpu=OPEN, memory=OPEN)]
+    for q in range(4):
+        queue_list.append(Queue(f"team-{q}", parent="root",
+                                gpu=ResourceQuota(total_gpus / 4, -1.0, 1.0),
+                                cpu=OPEN, memory=OPEN, created=float(q)))
+    jobs: list[Job] = []
+    for n, node_spec in enumerate(node_list):
+        node = node_spec.name
+        share = rng.random()
+        queue = "team-0" if share < 0.4 else "team-1" if share < 0.7 else (
+            "team-2" if share < 0.9 else "team-3")
+        pods = [Pod(f"run-{n}-{g}", Request(cpu_m=4000, memory=16 * 10**9, gpus=1),
+                    status=PodStatus.RUNNING, node=node) for g in range(5)]
+        pods += [Pod(f"run-{n}-5-{k}", Request(cpu_m=2000, memory=8 * 10**9,
+                                               gpu_fraction_milli=500),
+                     status=PodStatus.RUNNING, node=node, gpu_groups=(f"{node}-dev5",))
+                 for k in range(2)]
+        pods += [Pod(f"cpu-{n}-{c}", Request(cpu_m=1000, memory=2 * 10**9),
+                     status=PodStatus.RUNNING, node=node) for c in range(cpu_pods_per_node)]
+        for pod in pods:
+            jobs.append(Job(name=f"pg-{pod.name}", queue=queue, priority=50, pods=(pod,),
+                            created=-1.0))
+    pending = (("reclaimer", "team-3", 20, Request(cpu_m=8000, memory=32 * 10**9, gpus=4), 50),
+               ("preemptor", "team-0", 6, Request(cpu_m=8000, memory=32 * 10**9, gpus=4), 100),
+               ("halves", "team-2", 16, Request(cpu_m=2000, memory=8 * 10**9,
+                                                gpu_fraction_milli=500), 50))
+    for j, (name, queue, size, req, priority) in enumerate(pending):
+        for k in range(size):  # a Deployment's pods: one PodGroup each
+            jobs.append(Job(name=f"{name}-{k}", queue=queue, priority=priority,
+                            pods=(Pod(f"{name}-{k}", req, created=float(j)),),
+                            created=float(j)))
     return Snapshot(nodes=node_list, queues=tuple(queue_list), jobs=tuple(jobs))

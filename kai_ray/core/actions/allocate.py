@@ -11,11 +11,8 @@ def schedulable_jobs(sess: Session) -> list[JobState]:
     """Jobs any action may consider: a leaf queue that exists, ready, something pending."""
     out = []
     for job in sess.jobs.values():
-        if not sess.is_leaf(job.queue):
-            continue
-        if not job.pending_tasks() or not job.is_ready():
-            continue
-        out.append(job)
+        if job.has_pending() and sess.is_leaf(job.queue) and job.is_ready():
+            out.append(job)
     return out
 
 

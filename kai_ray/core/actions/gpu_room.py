@@ -22,7 +22,9 @@ class FreeGpus:
         self.sess = sess
         if whole is None:
             free = np.where(sess.schedulable, sess.free_gpu(), 0)
-            whole = {int(n): int(free[n]) for n in np.flatnonzero(free > 0)}
+            nodes = np.flatnonzero(free > 0)
+            # tolist: plain ints in C, not a numpy scalar per node
+            whole = dict(zip(nodes.tolist(), free[nodes].tolist(), strict=True))
         self.whole = whole  # free whole GPUs per node that has some
         self._devices: dict[tuple[int, str], int] | None = None
         self._device_totals: tuple[int, int] | None = None

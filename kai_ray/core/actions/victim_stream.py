@@ -11,7 +11,7 @@ from itertools import chain
 
 from kai_ray.core.actions.gpu_room import FreeGpus, GpuRoom
 from kai_ray.core.actions.victims import VictimUnit
-from kai_ray.core.ordering import JobQueue, victim_key
+from kai_ray.core.ordering import JobQueue
 from kai_ray.core.state import MILLI, JobState, Session, Task
 
 
@@ -125,7 +125,7 @@ class VictimStream:
             self.source.push(rest)
             self.single_takes = False
         self.positions.setdefault(id(unit.job), []).append(len(self.keys))
-        self.keys.append(victim_key(self.sess, unit.order_key()))
+        self.keys.append(-unit.order_number(self.sess))
         self.jobs.append(unit.job)
         self.taken.append(taken)
         return True
@@ -163,7 +163,7 @@ class VictimStream:
             if rest is not None:
                 source.push(rest)
                 self.single_takes = False
-            new.append((victim_key(self.sess, unit.order_key()), unit.job, taken))
+            new.append((-unit.order_number(self.sess), unit.job, taken))
         entries = list(merge(((self.keys[i], self.jobs[i], self.taken[i]) for i in kept),
                                    new, key=lambda entry: entry[0]))
         single = self.single_takes
@@ -268,7 +268,7 @@ class VictimStream:
             left = [t for t in unit.tasks if id(t) not in recorded_set] if unit else []
             if unit is None or not left:
                 continue  # all of it recorded: it would give nothing more
-            side.append((victim_key(self.sess, unit.order_key()), len(side), unit))
+            side.append((-unit.order_number(self.sess), len(side), unit))
             others.extend(left)
         heapify(side)
         quiet_until = self._quiet_until(room, recorded, others)
@@ -297,7 +297,7 @@ class VictimStream:
                 taken, rest = unit.take_unrecorded(recorded_set)
                 if rest is not None:
                     seq += 1
-                    heappush(side, (victim_key(self.sess, rest.order_key()), seq, rest))
+                    heappush(side, (-rest.order_number(self.sess), seq, rest))
             elif base_key is None:
                 break
             else:

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from kai_ray.core.model import PodStatus
-from kai_ray.core.state import JobState, Task
+from kai_ray.core.state import JobState, Session, Task
 
 _VICTIM_STATES = (PodStatus.ALLOCATED, PodStatus.BINDING, PodStatus.BOUND, PodStatus.RUNNING)
 
@@ -14,15 +14,20 @@ _VICTIM_STATES = (PodStatus.ALLOCATED, PodStatus.BINDING, PodStatus.BOUND, PodSt
 class VictimUnit:
     """Part of a victim job still available to take (KAI clones the job with these tasks)."""
 
-    __slots__ = ("by_set", "job", "key", "tasks")
+    __slots__ = ("by_set", "job", "key", "number", "tasks")
 
     def __init__(self, job: JobState, tasks: list[Task]) -> None:
         self.job = job
         self.tasks = tasks
-        self.by_set: dict[str, list[Task]] = {name: [] for name in job.podsets}
+        by_set: dict[str, list[Task]] = {name: [] for name in job.podsets}
+        default = by_set.get("default")
         for t in tasks:
-            self.by_set.get(t.subgroup, self.by_set.get("default", [])).append(t)
+            into = by_set.get(t.subgroup, default)
+            if into is not None:  # a pod of no podset counts in none
+                into.append(t)
+        self.by_set = by_set
         self.key = (-job.priority, self._rank(), job.created, job.name)
+        self.number = -1  # `order_number`, once asked (a unit never changes)
 
     @property
     def queue(self) -> str:
@@ -40,6 +45,11 @@ class VictimUnit:
 
     def order_key(self) -> tuple[int, int, float, str]:
         return self.key
+
+    def order_number(self, sess: Session) -> int:
+        if self.number < 0:
+            self.number = sess.order_number(self.key)
+        return self.number
 
     def taken_amount(self) -> tuple[float, float, float]:
         """What the queue loses when this unit is taken (its next tasks to evict)."""
@@ -77,15 +87,10 @@ class VictimUnit:
 def victim_units(jobs: Iterable[JobState]) -> list[VictimUnit]:
     """Victim candidates: pods that were already placed when the cycle began. A pod allocated
     earlier in this same cycle is not bound yet; evicting it could split its gang's first bind."""
-    units = []
-    for job in jobs:
-        tasks = [t for t in job.tasks if t.status in _VICTIM_STATES and t.moved is None
-                 and t.orig_status in _VICTIM_STATES]
-        if tasks:
-            units.append(VictimUnit(job, tasks))
-    return units
+    return [unit for job in jobs if (unit := unit_of(job)) is not None]
 
 
 def unit_of(job: JobState) -> VictimUnit | None:
-    units = victim_units([job])
-    return units[0] if units else None
+    tasks = [t for t in job.tasks if t.status in _VICTIM_STATES and t.moved is None
+             and t.orig_status in _VICTIM_STATES]
+    return VictimUnit(job, tasks) if tasks else None
