@@ -7,7 +7,7 @@ take the child whose subtree's best job compares best. `reverse=True` gives the 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from heapq import heapify, heappop, heappush
 from typing import Generic, Protocol, TypeVar
 
@@ -131,7 +131,10 @@ class JobQueue(Generic[E]):
     """Jobs waiting in a queue tree, popped in KAI order (or its reverse for victims)."""
 
     def __init__(self, sess: Session, items: Iterable[E], reverse: bool = False,
-                 simulation: bool = False) -> None:
+                 simulation: bool = False, keys: Sequence[tuple[str, int]] | None = None
+                 ) -> None:
+        """`keys`: each item's queue and order number, when the caller has them at hand
+        (asking a generic item for them is a dynamic call, a tenth of building a big queue)."""
         self.sess = sess
         self.reverse = reverse
         self.simulation = simulation
@@ -147,9 +150,12 @@ class JobQueue(Generic[E]):
         # the victim order is the job order reversed (heapq is a min-heap: numbers negated)
         sign = -1 if reverse else 1
         for item in items:
+            if keys is None:
+                queue, number = item.queue, item.order_number(sess)
+            else:
+                queue, number = keys[self.seq]
             self.seq += 1
-            self.heaps.setdefault(item.queue, []).append(
-                (sign * item.order_number(sess), self.seq, item))
+            self.heaps.setdefault(queue, []).append((sign * number, self.seq, item))
         for heap in self.heaps.values():
             heapify(heap)
 

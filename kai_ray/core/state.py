@@ -87,7 +87,7 @@ class Task:
         self.node_affinity = pod.node_affinity
         # what limits the task's nodes besides resources (equal: the same nodes)
         self.constraints = (pod.node_selector, pod.tolerations, pod.node_affinity)
-        self.shape = -1  # same request and constraints, same number (set by the session)
+        self.shape = -1  # same request and constraints, same number (`Session.shape_of`)
         self.replica = pod.replica
         # per-device cost in milli of the device, and the GPU amount charged to the queue;
         # both depend on the node's GPU memory for gpu-memory pods, so set on placement
@@ -476,14 +476,7 @@ class Session:
                     podset = js.podsets["default"]
                 podset.tasks.append(task)
         self.known_groups = {g for t in self.tasks for g in t.groups}
-        # by the request's numbers (a flat tuple hashes in C; hashing the dataclass itself
-        # runs its generated __hash__, several thousand instructions per pod) and constraints
-        shapes: dict[tuple[object, ...], int] = {}
-        for task in self.tasks:
-            r = task.req
-            key = (r.cpu_m, r.memory, r.gpus, r.gpu_fraction_milli, r.gpu_memory_mib,
-                   r.fraction_devices, task.constraints)
-            task.shape = shapes.setdefault(key, len(shapes))
+        self._shapes: dict[tuple[object, ...], int] = {}  # see `shape_of`
         self._build_queues(snapshot)
         self._load_usage()
 
@@ -515,6 +508,18 @@ class Session:
                 self.queues[qs.parent].children.append(qs.name)
         for qs in self.queues.values():
             qs.children.sort(key=lambda c: (self.queues[c].created, c))
+
+    def shape_of(self, task: Task) -> int:
+        """A number per request and constraints: equal numbers, the same request on the same
+        nodes. Numbered when first asked (only tasks being placed are: most pods just run)."""
+        if task.shape < 0:
+            r = task.req
+            # the request's numbers as a flat tuple (hashes in C; hashing the dataclass runs
+            # its generated __hash__, several thousand instructions)
+            key = (r.cpu_m, r.memory, r.gpus, r.gpu_fraction_milli, r.gpu_memory_mib,
+                   r.fraction_devices, task.constraints)
+            task.shape = self._shapes.setdefault(key, len(self._shapes))
+        return task.shape
 
     def is_leaf(self, queue: str) -> bool:
         q = self.queues.get(queue)

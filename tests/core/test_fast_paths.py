@@ -394,8 +394,8 @@ def test_the_gpu_room_index_follows_every_change(seed):
 
 
 def test_shape_numbers_match_request_and_constraints():
-    """`Task.shape` (what the binpack carry-over and allocate's failed shapes compare) is
-    equal exactly when the request and the constraints are."""
+    """`Session.shape_of` (what the binpack carry-over and allocate's failed shapes compare)
+    is equal exactly when the request and the constraints are."""
     # the session numbers shapes by these fields of Request: a new field must join them
     assert [f.name for f in dataclasses.fields(Request)] == [
         "cpu_m", "memory", "gpus", "gpu_fraction_milli", "gpu_memory_mib", "fraction_devices"]
@@ -405,7 +405,8 @@ def test_shape_numbers_match_request_and_constraints():
     rng = random.Random(0)
     pairs = [(rng.choice(tasks), rng.choice(tasks)) for _ in range(3000)]
     pairs += list(itertools.pairwise(tasks))  # neighbours: mostly the same gang
-    assert any(a.shape == b.shape and a is not b for a, b in pairs)
-    assert any(a.shape != b.shape for a, b in pairs)
+    shape = sess.shape_of
+    assert any(shape(a) == shape(b) and a is not b for a, b in pairs)
+    assert any(shape(a) != shape(b) for a, b in pairs)
     for a, b in pairs:
-        assert (a.shape == b.shape) == (a.req == b.req and a.constraints == b.constraints)
+        assert (shape(a) == shape(b)) == (a.req == b.req and a.constraints == b.constraints)

@@ -25,7 +25,7 @@ def run(sess: Session) -> None:
         tasks = job.tasks_to_allocate()
         if not tasks:
             continue
-        shape = tuple(t.shape for t in tasks)  # requests and constraints, numbered
+        shape = tuple(sess.shape_of(t) for t in tasks)  # requests and constraints
         known = failed_shapes.get(shape)
         if known is not None:
             sess.job_errors[job.name] = known

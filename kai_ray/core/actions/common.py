@@ -47,7 +47,8 @@ def place_tasks(sess: Session, job: JobState, tasks: list[Task], pipeline_only: 
         last = sess.sticky[0]
     for task in tasks:
         choice = None
-        if last is not None and _same_shape(last[0], task) and placement.sticky_allowed(sess, task):
+        if (last is not None and sess.shape_of(last[0]) == sess.shape_of(task)
+                and placement.sticky_allowed(sess, task)):
             node = last[1]
             fits, idle = placement.fits_node(sess, task, node)
             if fits and idle == last[2] and placement.sharing_bonus_on(sess, task, node) >= last[3]:
@@ -70,10 +71,6 @@ def place_tasks(sess: Session, job: JobState, tasks: list[Task], pipeline_only: 
     if not pipeline_only:
         _pipeline_whole_gang_if_needed(sess, job, placed)
     return True
-
-
-def _same_shape(a: Task, b: Task) -> bool:
-    return a.shape == b.shape  # same request and constraints (numbered by the session)
 
 
 def _pipeline_whole_gang_if_needed(sess: Session, job: JobState, placed: list[Task]) -> None:

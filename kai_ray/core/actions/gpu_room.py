@@ -437,9 +437,14 @@ def _largest(count: int, values: dict[_K, int]) -> list[tuple[int, _K]]:
     if not ranked:
         return []
     threshold = ranked[min(count, len(ranked)) - 1]
-    top = [(v, key) for key, v in values.items() if v >= threshold]
+    top = [(v, key) for key, v in values.items() if v > threshold]
     top.sort(reverse=True)
-    return top[:count]
+    # the pairs at the threshold follow, by key (on a busy cluster most nodes tie: a sort of
+    # plain keys, not of pairs)
+    ties = [key for key, v in values.items() if v == threshold]
+    ties.sort(reverse=True)
+    top.extend([(threshold, key) for key in ties[:count - len(top)]])
+    return top
 
 
 def _top(counts: dict[int, int], k: int) -> list[int]:

@@ -161,9 +161,10 @@ def run(sess: Session) -> None:
         req = list(request)
 
         def candidates(job: JobState = job) -> list[JobState]:
+            own, queues = job.queue, sess.queues  # locals: a pass over every job
             return [v for v in sess.jobs.values()
-                    if v.queue != job.queue and v.queue in sess.queues and v.preemptible
-                    and not protected(sess, v, "reclaim", reclaimer_queue=job.queue)]
+                    if v.preemptible and v.queue != own and v.queue in queues
+                    and not protected(sess, v, "reclaim", reclaimer_queue=own)]
 
         def validate(evicted: list[Task], moved: list[Task], job: JobState = job,
                      copy: _Copy = copy, req: Amounts = req) -> str | None:

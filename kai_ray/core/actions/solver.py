@@ -95,13 +95,16 @@ class _ScopeVictims:
     def __init__(self, sess: Session, jobs: list[JobState],
                  known: dict[str, tuple[int, VictimUnit | None]]) -> None:
         self.units: dict[str, VictimUnit] = {}
+        self.members = {job.name for job in jobs}  # the candidates, unit or not
         self.freed = Freed(sess)
         # each job's unit as of its last change, shared by the scopes it is a candidate of
         # (units are never changed once built)
         self.known = known
         for job in jobs:
             self._add(job)
-        self.queue: JobQueue[VictimUnit] = JobQueue(sess, self.units.values(), reverse=True)
+        units = list(self.units.values())
+        self.queue: JobQueue[VictimUnit] = JobQueue(
+            sess, units, reverse=True, keys=[(u.job.queue, u.order_number(sess)) for u in units])
 
     def _add(self, job: JobState) -> VictimUnit | None:
         known = self.known.get(job.name)
@@ -139,12 +142,10 @@ class VictimCache:
         self.version = -1
         self.free: FreeGpus | None = None
         self.scopes: dict[object, _ScopeVictims] = {}
-        self.member_of: dict[str, list[_ScopeVictims]] = {}
         self.all_freed: dict[object, AllFreed] = {}  # kept node by node across states
         self.streams: dict[object, VictimStream] = {}
         self.touched: dict[object, set[str]] = {}  # per stream, jobs changed since it was built
         self.enough_all: dict[tuple[object, ...], bool] = {}
-        self.units_known: dict[str, tuple[int, VictimUnit | None]] = {}
 
     def all_enough(self, sess: Session, scope: object, all_freed: AllFreed,
                    prefix: list[Task]) -> bool:
@@ -186,15 +187,16 @@ class VictimCache:
                 touched = {job.name for job in jobs}
                 by_scope: dict[int, tuple[_ScopeVictims, list[JobState]]] = {}
                 for job in jobs:
-                    for victims in self.member_of.get(job.name, ()):
-                        by_scope.setdefault(id(victims), (victims, []))[1].append(job)
+                    for victims in self.scopes.values():
+                        if job.name in victims.members:
+                            by_scope.setdefault(id(victims), (victims, []))[1].append(job)
                 for victims, scope_jobs in by_scope.values():
                     victims.update(scope_jobs)
                 nodes = _changed_nodes(entries, jobs)
                 for all_freed in self.all_freed.values():
                     all_freed.refresh(nodes)
             else:
-                self.scopes, self.member_of, self.streams, self.touched = {}, {}, {}, {}
+                self.scopes, self.streams, self.touched = {}, {}, {}
                 self.all_freed = {}
             self.version = len(sess.undo)
             self.free = FreeGpus(sess)
@@ -210,10 +212,11 @@ class VictimCache:
             all_freed = AllFreed(sess, freed, self.free.with_freed(freed))
             return self.free, all_freed, JobQueue(sess, units, reverse=True)
         if scope not in self.scopes:
-            jobs = candidates()
-            self.scopes[scope] = _ScopeVictims(sess, jobs, self.units_known)
-            for job in jobs:
-                self.member_of.setdefault(job.name, []).append(self.scopes[scope])
+            # each job's unit as of its last change, kept for the session (`changes` only
+            # grows, rollbacks included: a unit is never reused for another state of its job)
+            known: dict[str, tuple[int, VictimUnit | None]] = sess.memo.setdefault(
+                "victim_units", {})
+            self.scopes[scope] = _ScopeVictims(sess, candidates(), known)
         victims = self.scopes[scope]
         if scope not in self.all_freed:
             self.all_freed[scope] = AllFreed(sess, victims.freed,

@@ -19,12 +19,16 @@ class VictimUnit:
     def __init__(self, job: JobState, tasks: list[Task]) -> None:
         self.job = job
         self.tasks = tasks
-        by_set: dict[str, list[Task]] = {name: [] for name in job.podsets}
-        default = by_set.get("default")
-        for t in tasks:
-            into = by_set.get(t.subgroup, default)
-            if into is not None:  # a pod of no podset counts in none
-                into.append(t)
+        by_set: dict[str, list[Task]]
+        if not job.uses_subgroups:
+            by_set = {"default": list(tasks)}  # the one podset (most jobs)
+        else:
+            by_set = {name: [] for name in job.podsets}
+            default = by_set.get("default")
+            for t in tasks:
+                into = by_set.get(t.subgroup, default)
+                if into is not None:  # a pod of no podset counts in none
+                    into.append(t)
         self.by_set = by_set
         self.key = (-job.priority, self._rank(), job.created, job.name)
         self.number = -1  # `order_number`, once asked (a unit never changes)
