@@ -3,7 +3,7 @@
     python benchmarks/core_cycle.py [--sizes 100 1000 5000] [--repeat 5] [--count-calls]
                                     [--compiled] [--busy]
 
-`--busy` runs the mostly running clusters of `kai_ray.sim.synthetic.busy_cluster` (about 28 pods
+`--busy` runs the mostly running clusters of `kai_ray.sim.synthetic.busy_cluster` (27 pods
 per node, 42 pending pods, shaped like KAI-Scheduler#315) instead of the issue's workload.
 
 Prints the median wall time of `schedule()` per size (and its median CPU time, which other load

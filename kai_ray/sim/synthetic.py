@@ -63,9 +63,9 @@ def cluster(nodes: int, seed: int = 0, pending_per_node: int = 10, queues: int =
 
 
 def busy_cluster(nodes: int, seed: int = 0, cpu_pods_per_node: int = 20) -> Snapshot:
-    """7 of every node's 8 GPUs busy (five single-GPU pods and a device shared by two half-GPU
-    pods) plus `cpu_pods_per_node` CPU-only pods, about 28 pods per node (#315: 140,000 pods on
-    4,000 nodes). The nodes' pods belong to four queues of equal quota in shares 40/30/20/10 %,
+    """6 of every node's 8 GPUs busy (five single-GPU pods and a device shared by two half-GPU
+    pods) plus `cpu_pods_per_node` CPU-only pods, 27 pods per node (#315: 140,000 pods on 4,000
+    nodes). The nodes' pods belong to four queues of equal quota in shares 40/30/20/10 %,
     so team-0 and team-1 run over quota. Pending, as in #315's cases (Deployments of 4-GPU pods,
     one PodGroup per pod): 20 such pods of the under-quota team-3 and 6 of priority 100 in
     team-0 (no node has 4 idle GPUs: they need victims), and 16 half-GPU pods in team-2 (they

@@ -23,16 +23,16 @@ _DECISIONS = """
 import json, sys
 from kai_ray.core.schedule import schedule
 from kai_ray.sim.report import vars_of
-from kai_ray.sim.synthetic import cluster
+from kai_ray.sim.synthetic import busy_cluster, cluster
 from kai_ray.testing.compiled_core import running_compiled
 out = []
-for size, seed in json.loads(sys.argv[1]):
-    r = schedule(cluster(size, seed=seed), now=0.0)
+for kind, size, seed in json.loads(sys.argv[1]):
+    r = schedule((busy_cluster if kind == "busy" else cluster)(size, seed=seed), now=0.0)
     out.append([[vars_of(b) for b in r.binds], [vars_of(p) for p in r.pipelined],
                 [vars_of(e) for e in r.evictions], sorted(r.job_status.items())])
 print(json.dumps({"compiled": running_compiled(), "decisions": out}, default=str))
 """
-_CASES = [(60, 1), (150, 2), (400, 3)]
+_CASES = [("issue", 60, 1), ("issue", 150, 2), ("issue", 400, 3), ("busy", 150, 1)]
 
 
 @pytest.fixture(scope="module")
