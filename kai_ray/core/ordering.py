@@ -7,7 +7,7 @@ take the child whose subtree's best job compares best. `reverse=True` gives the 
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from heapq import heapify, heappop, heappush
 from typing import Generic, Protocol, TypeVar
 
@@ -131,10 +131,11 @@ class JobQueue(Generic[E]):
     """Jobs waiting in a queue tree, popped in KAI order (or its reverse for victims)."""
 
     def __init__(self, sess: Session, items: Iterable[E], reverse: bool = False,
-                 simulation: bool = False, keys: Sequence[tuple[str, int]] | None = None
-                 ) -> None:
-        """`keys`: each item's queue and order number, when the caller has them at hand
-        (asking a generic item for them is a dynamic call, a tenth of building a big queue)."""
+                 simulation: bool = False,
+                 heaps: dict[str, list[tuple[int, int, E]]] | None = None) -> None:
+        """`heaps`: the entries per queue, made by a caller that has the items' numbers at
+        hand (asking a generic item for them is a dynamic call): (number, negated for
+        `reverse`, then 1, 2, ... in the order of `items`, item). They are heapified here."""
         self.sess = sess
         self.reverse = reverse
         self.simulation = simulation
@@ -143,19 +144,16 @@ class JobQueue(Generic[E]):
         # two queues are compared, so a single-queue pop defers the accounting
         self.untaken: list[E] = []
         self.reachable: dict[str, bool] = {}  # the queue tree is fixed within a session
-        self.heaps: dict[str, list[tuple[int, int, E]]] = {}
+        self.heaps: dict[str, list[tuple[int, int, E]]] = {} if heaps is None else heaps
         # ids of discarded items still in a heap: dropped when they reach its top
         self.dead: set[int] = set()
-        self.seq = 0
+        self.seq = sum(len(heap) for heap in self.heaps.values())
         # the victim order is the job order reversed (heapq is a min-heap: numbers negated)
         sign = -1 if reverse else 1
         for item in items:
-            if keys is None:
-                queue, number = item.queue, item.order_number(sess)
-            else:
-                queue, number = keys[self.seq]
             self.seq += 1
-            self.heaps.setdefault(queue, []).append((sign * number, self.seq, item))
+            self.heaps.setdefault(item.queue, []).append(
+                (sign * item.order_number(sess), self.seq, item))
         for heap in self.heaps.values():
             heapify(heap)
 

@@ -3,6 +3,8 @@ preemptible job (kai-spec §6.7)."""
 
 from __future__ import annotations
 
+from itertools import islice
+
 import numpy as np
 
 from kai_ray.core.actions.allocate import schedulable_jobs
@@ -37,9 +39,10 @@ def run(sess: Session) -> None:
             continue
 
         def candidates(job: JobState = job) -> list[JobState]:
-            pool = [v for v in sess.jobs.values()
-                    if v is not job and v.preemptible and v.active_count() > 0]
-            return pool if limit < 0 else pool[: limit + 1]
+            pool = (v for v in sess.jobs.values()
+                    if v is not job and v.preemptible and v.active_count() > 0)
+            # the first limit + 1 in job order: no need to look at the others
+            return list(pool) if limit < 0 else list(islice(pool, limit + 1))
 
         solver = Solver(sess, "consolidation", candidates,
                         lambda evicted, moved: "" if evicted else None, _message)

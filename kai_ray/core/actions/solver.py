@@ -100,11 +100,14 @@ class _ScopeVictims:
         # each job's unit as of its last change, shared by the scopes it is a candidate of
         # (units are never changed once built)
         self.known = known
+        heaps: dict[str, list[tuple[int, int, VictimUnit]]] = {}
         for job in jobs:
-            self._add(job)
-        units = list(self.units.values())
-        self.queue: JobQueue[VictimUnit] = JobQueue(
-            sess, units, reverse=True, keys=[(u.job.queue, u.order_number(sess)) for u in units])
+            unit = self._add(job)
+            if unit is not None:
+                # JobQueue's entries, made here where the unit's type is known (fast calls)
+                heaps.setdefault(job.queue, []).append(
+                    (-unit.order_number(sess), len(self.units), unit))
+        self.queue: JobQueue[VictimUnit] = JobQueue(sess, (), reverse=True, heaps=heaps)
 
     def _add(self, job: JobState) -> VictimUnit | None:
         known = self.known.get(job.name)
