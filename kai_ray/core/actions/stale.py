@@ -10,10 +10,16 @@ from kai_ray.core.state import EvictInfo, JobState, Session
 
 
 def _is_stale(job: JobState) -> bool:
-    if any(t.status == PodStatus.SUCCEEDED for t in job.tasks):
+    active = 0
+    for t in job.tasks:
+        if t.status == PodStatus.SUCCEEDED:
+            return False
+        if t.status in ACTIVE_USED:
+            active += 1
+    if not active:
         return False
-    if not any(t.status in ACTIVE_USED for t in job.tasks):
-        return False
+    if not job.uses_subgroups:  # one podset, holding every task: no second pass
+        return active < job.podsets["default"].min_member
     return any(sum(1 for t in ps.tasks if t.status in ACTIVE_USED) < ps.min_member
                for ps in job.podsets.values())
 
