@@ -140,7 +140,7 @@ def _t(v: list[float]) -> tuple[float, float, float]:
 
 
 def _job_statuses(sess: Session, result: CycleResult) -> None:
-    for job in sess.jobs.values():
+    for job in sess.pending_jobs:
         pending = [t.name for t in job.tasks if t.status == PodStatus.PENDING and t.origin is None]
         if not pending:
             continue

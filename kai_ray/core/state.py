@@ -475,6 +475,10 @@ class Session:
                         continue
                     podset = js.podsets["default"]
                 podset.tasks.append(task)
+        # no task becomes pending during a cycle (only a rollback restores one), so the jobs
+        # with a pending task at any time are among these: passes for pending work take them
+        # instead of every job (a busy cluster's jobs are nearly all running)
+        self.pending_jobs = [js for js in self.jobs.values() if js.has_pending()]
         self.known_groups = {g for t in self.tasks for g in t.groups}
         self._shapes: dict[tuple[object, ...], int] = {}  # see `shape_of`
         self._build_queues(snapshot)

@@ -410,3 +410,27 @@ def test_shape_numbers_match_request_and_constraints():
     assert any(shape(a) != shape(b) for a, b in pairs)
     for a, b in pairs:
         assert (shape(a) == shape(b)) == (a.req == b.req and a.constraints == b.constraints)
+
+
+def test_no_task_becomes_pending_during_a_cycle():
+    """`Session.pending_jobs` (the jobs with a pending task when the session starts) holds every
+    job with a pending task at any point of a cycle: checked after every change of state."""
+    seen = []
+
+    def checking(method):
+        def wrapper(sess, *args, **kwargs):
+            out = method(sess, *args, **kwargs)
+            known = {id(job) for job in sess.pending_jobs}
+            assert all(id(job) in known for job in sess.jobs.values() if job.has_pending())
+            seen.append(method.__name__)
+            return out
+        return wrapper
+
+    snapshot = _half_used_devices(_some_releasing(cluster(20, seed=1, pending_per_node=8,
+                                                          queues=1)))
+    with pytest.MonkeyPatch.context() as patch:
+        for name in ("allocate", "evict", "unevict", "set_status", "rollback"):
+            patch.setattr(Session, name, checking(getattr(Session, name)))
+        result = schedule(snapshot, _config(False), 0.0)
+    assert result.evictions and result.job_status  # victims taken, work left pending
+    assert {"allocate", "evict", "rollback"} <= set(seen)

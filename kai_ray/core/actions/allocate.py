@@ -10,7 +10,7 @@ from kai_ray.core.state import JobError, JobState, Session
 def schedulable_jobs(sess: Session) -> list[JobState]:
     """Jobs any action may consider: a leaf queue that exists, ready, something pending."""
     out = []
-    for job in sess.jobs.values():
+    for job in sess.pending_jobs:
         if job.has_pending() and sess.is_leaf(job.queue) and job.is_ready():
             out.append(job)
     return out
