@@ -404,6 +404,18 @@ class NodeScalars:
         self.dev_rel: list[list[int]] = [[] for _ in range(count)]
 
 
+class _Load:
+    """What loading the snapshot's pods collects on the way (see `Session._load_task`)."""
+
+    __slots__ = ("gpu_nodes", "groups", "pending", "releasing")
+
+    def __init__(self) -> None:
+        self.gpu_nodes: dict[int, bool] = {}  # GPU nodes, and whether shared devices changed
+        self.releasing: list[Task] = []
+        self.pending: set[int] = set()  # ids of jobs with a pending task
+        self.groups: set[str] = set()  # shared-device ids in use
+
+
 class Session:
     """Cluster, jobs and queues for one cycle, with checkpoint/rollback."""
 
@@ -460,6 +472,11 @@ class Session:
 
         self.jobs: dict[str, JobState] = {}
         self.tasks: list[Task] = []
+        self._shapes: dict[tuple[object, ...], int] = {}  # see `shape_of`
+        self._build_queues(snapshot)
+        # one pass over the pods builds the tasks and loads what they use (a pass over every
+        # pod of a big cluster is mostly waiting for memory: each one counts)
+        load = _Load()
         for job in snapshot.jobs:
             js = JobState(job)
             self.jobs[job.name] = js
@@ -468,6 +485,7 @@ class Session:
                 task = Task(len(self.tasks), js, pod, node)
                 self.tasks.append(task)
                 js.tasks.append(task)
+                self._load_task(task, load)
                 podset = js.podsets.get(task.subgroup)
                 if podset is None:
                     # KAI drops a pod whose subgroup is not a leaf of its PodGroup
@@ -478,11 +496,9 @@ class Session:
         # no task becomes pending during a cycle (only a rollback restores one), so the jobs
         # with a pending task at any time are among these: passes for pending work take them
         # instead of every job (a busy cluster's jobs are nearly all running)
-        self.pending_jobs = [js for js in self.jobs.values() if js.has_pending()]
-        self.known_groups = {g for t in self.tasks for g in t.groups}
-        self._shapes: dict[tuple[object, ...], int] = {}  # see `shape_of`
-        self._build_queues(snapshot)
-        self._load_usage()
+        self.pending_jobs = [js for js in self.jobs.values() if id(js) in load.pending]
+        self.known_groups = load.groups
+        self._finish_load(load)
 
     # ------------------------------------------------------------------ setup
     def _build_queues(self, snapshot: Snapshot) -> None:
@@ -574,53 +590,53 @@ class Session:
             path = self._paths[queue] = tuple(walk)
         return path
 
-    def _load_usage(self) -> None:
-        """The snapshot's pods on their nodes. Summed in the lists first and written to the
-        arrays once, and each GPU node recounted once: what `_place_resources` does pod by
-        pod, without a numpy item write and a recount per pod."""
+    def _load_task(self, task: Task, load: _Load) -> None:
+        """A snapshot's pod on its node and in its queue's numbers. Node usage is summed in
+        the lists (the arrays are written once, GPU nodes recounted once: `_finish_load`),
+        not pod by pod as `_place_resources` does."""
         at = self.at
-        used_cpu, used_mem, used_pods = at.used_cpu, at.used_mem, at.used_pods
-        gpu_nodes: dict[int, bool] = {}  # GPU nodes, and whether shared devices changed
-        releasing: list[Task] = []
-        for task in self.tasks:
-            node = task.node
-            if node < 0 or task.status not in ACTIVE_USED:
-                continue
-            req = task.req
-            used_cpu[node] = used_cpu[node] + req.cpu_m
-            used_mem[node] = used_mem[node] + req.memory
-            used_pods[node] = used_pods[node] + 1
+        node, req, status = task.node, task.req, task.status
+        if task.groups:
+            load.groups.update(task.groups)
+        if status == PodStatus.PENDING:
+            load.pending.add(id(task.job))
+        if node >= 0 and status in ACTIVE_USED:
+            at.used_cpu[node] = at.used_cpu[node] + req.cpu_m
+            at.used_mem[node] = at.used_mem[node] + req.memory
+            at.used_pods[node] = at.used_pods[node] + 1
             self._hold_gpus(task, node, task.groups)
             if req.wants_gpu:
-                gpu_nodes[node] = gpu_nodes.get(node, False) or not req.gpus
-            if task.status == PodStatus.RELEASING:
-                releasing.append(task)
-        self.used_cpu[:] = used_cpu
-        self.used_mem[:] = used_mem
-        self.used_pods[:] = used_pods
-        for node, devices in gpu_nodes.items():
+                load.gpu_nodes[node] = load.gpu_nodes.get(node, False) or not req.gpus
+            if status == PodStatus.RELEASING:
+                load.releasing.append(task)
+        job = task.job
+        if job.queue not in self.queues:
+            return
+        if status in QUEUE_ALLOCATED:
+            cpu, memory, gpu = self.task_queue_amount(task)
+            for q in self.queue_path(job.queue):
+                _add3(q.allocated, cpu, memory, gpu)
+                _add3(q.request, cpu, memory, gpu)
+                if not job.preemptible:
+                    _add3(q.allocated_np, cpu, memory, gpu)
+        elif status == PodStatus.PENDING:
+            cpu, memory, gpu = self.pending_queue_amount(req)
+            for q in self.queue_path(job.queue):
+                _add3(q.request, cpu, memory, gpu)
+
+    def _finish_load(self, load: _Load) -> None:
+        at = self.at
+        self.used_cpu[:] = at.used_cpu
+        self.used_mem[:] = at.used_mem
+        self.used_pods[:] = at.used_pods
+        for node, devices in load.gpu_nodes.items():
             self._refresh_gpu(node, devices=devices)
-        for task in releasing:
+        for task in load.releasing:
             self._mark_releasing(task, +1)
         self._index_gpu_room()
         self.total = [float(self.cap_cpu[self.schedulable].sum()),
                       float(self.cap_mem[self.schedulable].sum()),
                       float(self.cap_gpu[self.schedulable].sum())]
-        for task in self.tasks:
-            job = task.job
-            if job.queue not in self.queues:
-                continue
-            if task.status in QUEUE_ALLOCATED:
-                cpu, memory, gpu = self.task_queue_amount(task)
-                for q in self.queue_path(job.queue):
-                    _add3(q.allocated, cpu, memory, gpu)
-                    _add3(q.request, cpu, memory, gpu)
-                    if not job.preemptible:
-                        _add3(q.allocated_np, cpu, memory, gpu)
-            elif task.status == PodStatus.PENDING:
-                cpu, memory, gpu = self.pending_queue_amount(task.req)
-                for q in self.queue_path(job.queue):
-                    _add3(q.request, cpu, memory, gpu)
 
     # ------------------------------------------------------------------ amounts
     def device_cost(self, req: Request, node: int) -> int:
