@@ -120,8 +120,6 @@ class Entry(Protocol):
     @property
     def job(self) -> JobState: ...
 
-    def order_key(self) -> tuple[int, int, float, str]: ...
-
     def order_number(self, sess: Session) -> int: ...
 
     def taken_amount(self) -> tuple[float, float, float]: ...
@@ -133,9 +131,9 @@ class JobQueue(Generic[E]):
     def __init__(self, sess: Session, items: Iterable[E], reverse: bool = False,
                  simulation: bool = False,
                  heaps: dict[str, list[tuple[int, int, E]]] | None = None) -> None:
-        """`heaps`: the entries per queue, made by a caller that has the items' numbers at
-        hand (asking a generic item for them is a dynamic call): (number, negated for
-        `reverse`, then 1, 2, ... in the order of `items`, item). They are heapified here."""
+        """`heaps`: entries (order number, sequence number, item) per queue, made by a caller
+        that has the order numbers at hand (asking a generic item is a dynamic call): order
+        numbers negated for `reverse`, sequence numbers 1, 2, ...; heapified here."""
         self.sess = sess
         self.reverse = reverse
         self.simulation = simulation

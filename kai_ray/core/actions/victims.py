@@ -47,9 +47,6 @@ class VictimUnit:
                 at_min = False
         return 1 if at_min else 2
 
-    def order_key(self) -> tuple[int, int, float, str]:
-        return self.key
-
     def order_number(self, sess: Session) -> int:
         if self.number < 0:
             self.number = sess.order_number(self.key)
