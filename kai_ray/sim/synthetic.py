@@ -14,18 +14,24 @@ GPUS_PER_NODE = 8
 OPEN = ResourceQuota(-1.0, -1.0, 1.0)
 
 
+def _nodes(count: int) -> tuple[Node, ...]:
+    return tuple(Node(name=f"node-{i:05d}", cpu_m=128_000, memory=1024 * 10**9,
+                      gpus=GPUS_PER_NODE, gpu_memory_mib=81920, max_pods=250)
+                 for i in range(count))
+
+
+def _queues(count: int, total_gpus: int) -> list[Queue]:
+    """A root and `count` leaf queues, each with an equal share of the GPUs as quota."""
+    return [Queue("root", gpu=OPEN, cpu=OPEN, memory=OPEN)] + [
+        Queue(f"team-{q}", parent="root", gpu=ResourceQuota(total_gpus / count, -1.0, 1.0),
+              cpu=OPEN, memory=OPEN, created=float(q))
+        for q in range(count)]
+
+
 def cluster(nodes: int, seed: int = 0, pending_per_node: int = 10, queues: int = 4) -> Snapshot:
     rng = random.Random(seed)
-    node_list = tuple(
-        Node(name=f"node-{i:05d}", cpu_m=128_000, memory=1024 * 10**9, gpus=GPUS_PER_NODE,
-             gpu_memory_mib=81920, max_pods=250)
-        for i in range(nodes))
-    total_gpus = nodes * GPUS_PER_NODE
-    queue_list = [Queue("root", gpu=OPEN, cpu=OPEN, memory=OPEN)]
-    for q in range(queues):
-        queue_list.append(Queue(f"team-{q}", parent="root",
-                                gpu=ResourceQuota(total_gpus / queues, -1.0, 1.0),
-                                cpu=OPEN, memory=OPEN, created=float(q)))
+    node_list = _nodes(nodes)
+    queue_list = _queues(queues, nodes * GPUS_PER_NODE)
     jobs: list[Job] = []
     # half full: running single-GPU and fractional pods, placed node by node
     for n in range(nodes):
@@ -71,16 +77,8 @@ def busy_cluster(nodes: int, seed: int = 0, cpu_pods_per_node: int = 20) -> Snap
     team-0 (no node has 4 idle GPUs: they need victims), and 16 half-GPU pods in team-2 (they
     fit on idle GPUs)."""
     rng = random.Random(seed)
-    node_list = tuple(
-        Node(name=f"node-{i:05d}", cpu_m=128_000, memory=1024 * 10**9, gpus=GPUS_PER_NODE,
-             gpu_memory_mib=81920, max_pods=250)
-        for i in range(nodes))
-    total_gpus = nodes * GPUS_PER_NODE
-    queue_list = [Queue("root", gpu=OPEN, cpu=OPEN, memory=OPEN)]
-    for q in range(4):
-        queue_list.append(Queue(f"team-{q}", parent="root",
-                                gpu=ResourceQuota(total_gpus / 4, -1.0, 1.0),
-                                cpu=OPEN, memory=OPEN, created=float(q)))
+    node_list = _nodes(nodes)
+    queue_list = _queues(4, nodes * GPUS_PER_NODE)
     jobs: list[Job] = []
     for n, node_spec in enumerate(node_list):
         node = node_spec.name
