@@ -20,7 +20,10 @@ E = TypeVar("E", bound="Entry")
 def job_request(sess: Session, job: JobState, simulation: bool = False
                 ) -> tuple[float, float, float]:
     """The candidate request of a job: its tasks-to-allocate (pending gpu-memory via 100 MiB)."""
-    cached = job.requested.get(simulation)
+    cache = job.requested
+    if cache is None:
+        cache = job.requested = {}
+    cached = cache.get(simulation)
     if cached is not None and cached[0] == job.changes:
         return cached[1]
     cpu = mem = gpu = 0.0
@@ -29,7 +32,7 @@ def job_request(sess: Session, job: JobState, simulation: bool = False
         cpu += amount[0]
         mem += amount[1]
         gpu += amount[2]
-    job.requested[simulation] = (job.changes, (cpu, mem, gpu))
+    cache[simulation] = (job.changes, (cpu, mem, gpu))
     return (cpu, mem, gpu)
 
 

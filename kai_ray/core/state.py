@@ -154,8 +154,9 @@ class JobState:
         # bumped by the session on every change to one of the job's tasks (and its undo), so
         # derived values can be cached until the job changes
         self.changes = 0
-        self.to_allocate: dict[bool, tuple[int, list[Task]]] = {}
-        self.requested: dict[bool, tuple[int, tuple[float, float, float]]] = {}
+        # made on first use (most jobs of a busy cluster never need them)
+        self.to_allocate: dict[bool, tuple[int, list[Task]]] | None = None
+        self.requested: dict[bool, tuple[int, tuple[float, float, float]]] | None = None
         self.uses_subgroups = bool(job.subgroups)
         if job.subgroups:
             self.podsets = {sg.name: PodSet(sg.name, max(sg.min_member, 1),
@@ -219,10 +220,12 @@ class JobState:
         """KAI's tasks-to-allocate: the missing minimum of every podset below its minimum, or,
         once every podset is satisfied, one more pending task from the least-satisfied podset.
         In a simulation, tasks evicted in this session may be placed again."""
-        cached = self.to_allocate.get(simulation)
+        cache = self.to_allocate
+        if cache is None:
+            cache = self.to_allocate = {}
+        cached = cache.get(simulation)
         if cached is None or cached[0] != self.changes:
-            cached = self.to_allocate[simulation] = (self.changes,
-                                                     self._tasks_to_allocate(simulation))
+            cached = cache[simulation] = (self.changes, self._tasks_to_allocate(simulation))
         return list(cached[1])
 
     def _tasks_to_allocate(self, simulation: bool) -> list[Task]:
@@ -339,10 +342,15 @@ class Group:
 
 def _add3(amounts: list[float], cpu: float, memory: float, gpu: float) -> None:
     """Add to per-resource amounts element by element: typed float arithmetic when compiled
-    (a loop over `range(3)` adds boxed floats)."""
-    amounts[0] = amounts[0] + cpu  # (`+=` on an item is a generic Python add when compiled)
-    amounts[1] = amounts[1] + memory
-    amounts[2] = amounts[2] + gpu
+    (a loop over `range(3)` adds boxed floats). A zero is not added (most pods ask no GPU):
+    x + 0.0 is x, as the sums are never -0.0."""
+    # (`+=` on an item is a generic Python add when compiled)
+    if cpu:
+        amounts[0] = amounts[0] + cpu
+    if memory:
+        amounts[1] = amounts[1] + memory
+    if gpu:
+        amounts[2] = amounts[2] + gpu
 
 
 def _recount(counts: dict[int, int], old: int, new: int) -> None:
@@ -604,8 +612,9 @@ class Session:
             at.used_cpu[node] = at.used_cpu[node] + req.cpu_m
             at.used_mem[node] = at.used_mem[node] + req.memory
             at.used_pods[node] = at.used_pods[node] + 1
-            self._hold_gpus(task, node, task.groups)
-            if req.wants_gpu:
+            if req.gpus or req.gpu_fraction_milli or req.gpu_memory_mib:  # `wants_gpu`
+                # (a pod without GPUs has nothing to hold: its node and charge are set)
+                self._hold_gpus(task, node, task.groups)
                 load.gpu_nodes[node] = load.gpu_nodes.get(node, False) or not req.gpus
             if status == PodStatus.RELEASING:
                 load.releasing.append(task)
