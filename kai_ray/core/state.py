@@ -637,8 +637,7 @@ class Session:
             at.used_cpu[node] = at.used_cpu[node] + req.cpu_m
             at.used_mem[node] = at.used_mem[node] + req.memory
             at.used_pods[node] = at.used_pods[node] + 1
-            if req.gpus or req.gpu_fraction_milli or req.gpu_memory_mib:  # `wants_gpu`
-                # (a pod without GPUs has nothing to hold: its node and charge are set)
+            if req.wants_gpu:  # (a pod without GPUs has nothing to hold: node and charge set)
                 self._hold_gpus(task, node, task.groups)
                 load.gpu_nodes[node] = load.gpu_nodes.get(node, False) or not req.gpus
             if status == PodStatus.RELEASING:
