@@ -1,7 +1,7 @@
 """One full scheduling cycle (snapshot compile + all actions) on synthetic clusters.
 
     python benchmarks/core_cycle.py [--sizes 100 1000 5000] [--repeat 5] [--count-calls]
-                                    [--compiled] [--busy]
+                                    [--compiled | --native] [--busy]
 
 `--busy` runs the mostly running clusters of `kai_ray.sim.synthetic.busy_cluster` (27 pods
 per node, 42 pending pods, shaped like KAI-Scheduler#315) instead of the issue's workload.
@@ -16,9 +16,11 @@ count the binpack walks tried for whole-GPU and fractional pods, some of which l
 to the array pass; `fraction_few` / `fraction_many`: fractional pods whose candidates the
 session's buckets give, or the array pass finds) of one cycle: where the time goes,
 independent of machine load.
-`--compiled` runs the core compiled by mypyc, as the image ships it (built once per version of
-the core's source, about a minute; kai_ray/testing/compiled_core.py); the first line of output
-says which core ran.
+`--compiled` runs the Python core compiled by mypyc (built once per version of the core's
+source, about a minute; kai_ray/testing/compiled_core.py); `--native` the Rust core the image
+ships (native/, built once per version of its sources with cargo;
+kai_ray/testing/native_core.py), timed the same way: `schedule()` from the Python snapshot to
+the Python CycleResult. The first line of output says which core ran.
 """
 
 from __future__ import annotations
@@ -34,9 +36,9 @@ import time
 
 from kai_ray.core import placement
 from kai_ray.core.actions import solver, victim_stream
-from kai_ray.core.schedule import schedule
+from kai_ray.core.schedule import Core, schedule
 from kai_ray.sim.synthetic import busy_cluster, cluster
-from kai_ray.testing import compiled_core
+from kai_ray.testing import compiled_core, native_core
 
 
 def main() -> int:
@@ -45,8 +47,15 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--count-calls", action="store_true")
     parser.add_argument("--compiled", action="store_true")
+    parser.add_argument("--native", action="store_true")
     parser.add_argument("--busy", action="store_true")
     args = parser.parse_args()
+    if args.native and (args.compiled or args.count_calls):
+        parser.error("--native runs the Rust core: not with --compiled or --count-calls")
+    core: Core = "python"
+    if args.native:
+        native_core.use(native_core.build(log=lambda m: print(m, file=sys.stderr)))
+        core = "native"
     if args.compiled and not compiled_core.running_compiled():
         if args.count_calls:
             parser.error("--count-calls wraps Python functions: not with --compiled")
@@ -57,8 +66,9 @@ def main() -> int:
     if os.environ.get("KAI_RAY_BENCH_COMPILED") and not compiled_core.running_compiled():
         raise SystemExit("the compiled core did not load (is an interpreted kai_ray first on "
                          "sys.path?)")
-    print("core: " + ("compiled (mypyc)" if compiled_core.running_compiled() else "interpreted")
-          + ("; busy clusters" if args.busy else ""))
+    name = "native (Rust)" if args.native else (
+        "compiled (mypyc)" if compiled_core.running_compiled() else "interpreted")
+    print(f"core: {name}" + ("; busy clusters" if args.busy else ""))
     counts: collections.Counter[str] = collections.Counter()
     if args.count_calls:
         _count(counts)
@@ -72,7 +82,7 @@ def main() -> int:
         bound = 0
         for _ in range(args.repeat):
             start, cpu_start = time.perf_counter(), time.process_time()
-            result = schedule(snap, now=0.0, clock=time.perf_counter)
+            result = schedule(snap, now=0.0, clock=time.perf_counter, core=core)
             times.append(time.perf_counter() - start)
             cpu.append(time.process_time() - cpu_start)
             actions.append(result.action_seconds)

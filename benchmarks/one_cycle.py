@@ -1,11 +1,12 @@
 """One `schedule()` call on the synthetic cluster of N nodes (default 1,000), for profilers.
 
-    python benchmarks/one_cycle.py [NODES] [--busy]
+    python benchmarks/one_cycle.py [NODES] [--busy] [--native]
 
 `--busy` takes the mostly running cluster (`kai_ray.sim.synthetic.busy_cluster`) instead of the
-issue's workload (`cluster`).
+issue's workload (`cluster`). `--native` runs the Rust core (built if need be,
+kai_ray/testing/native_core.py); otherwise the Python core runs, whatever is on sys.path.
 
-Prints which core ran (compiled or interpreted), the CPU seconds, binds and evictions, and a
+Prints which core ran (native, compiled or interpreted), the CPU seconds, binds and evictions, and a
 digest of every decision and explanation (binds with nodes and devices, evictions with their
 messages, pipelined pods, job statuses, queue shares, every pod's outcome): equal digests at
 two commits mean the same decisions. Under
@@ -30,6 +31,7 @@ from kai_ray import core
 from kai_ray.core.result import CycleResult
 from kai_ray.core.schedule import schedule
 from kai_ray.sim.synthetic import busy_cluster, cluster
+from kai_ray.testing import native_core
 
 
 def main() -> int:
@@ -37,12 +39,17 @@ def main() -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("nodes", type=int, nargs="?", default=1000)
     parser.add_argument("--busy", action="store_true")
+    parser.add_argument("--native", action="store_true")
     args = parser.parse_args()
     size = args.nodes
     snapshot = (busy_cluster if args.busy else cluster)(size)
     start = time.process_time()
-    result = schedule(snapshot, now=0.0)
-    print(f"core: {'compiled (mypyc)' if core.COMPILED else 'interpreted'}; {size} "
+    if args.native:
+        native_core.use(native_core.build(log=lambda m: print(m, file=sys.stderr)))
+    result = schedule(snapshot, now=0.0, core="native" if args.native else "python")
+    name = "native (Rust)" if args.native else (
+        "compiled (mypyc)" if core.COMPILED else "interpreted")
+    print(f"core: {name}; {size} "
           f"{'busy ' if args.busy else ''}nodes: "
           f"{time.process_time() - start:.3f} s CPU, {len(result.binds)} binds, "
           f"{len(result.evictions)} evictions, decisions {digest(result)}")

@@ -42,6 +42,12 @@ def _add_scheduler_config(p: argparse.ArgumentParser) -> None:
                                     "as given to `kai-ray run --config`; default: built-in")
 
 
+def _add_core(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--core", choices=["auto", "python", "native"], default="auto",
+                   help="scheduling core: the Rust one when built (auto, the default), the "
+                        "Python reference, or insist on the Rust one")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="kai-ray",
@@ -51,6 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     p = sub.add_parser("demo", help="run the sample scenarios through the real core (no cluster)")
+    _add_core(p)
     p.set_defaults(handler="demo")
 
     p = sub.add_parser("simulate", help="run a scenario or cluster snapshot and print the outcome")
@@ -58,11 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timing", action="store_true",
                    help="end with the wall time of schedule() alone: 'schedule: N.NNN s'")
     _add_output(p)
+    _add_core(p)
     p.set_defaults(handler="simulate")
 
     p = sub.add_parser("conformance", help="check scenario expectations (exit 1 on any failure)")
     p.add_argument("files", nargs="+", metavar="FILE")
     p.add_argument("-v", "--verbose", action="store_true", help="show details of failures")
+    _add_core(p)
     p.set_defaults(handler="conformance")
 
     p = sub.add_parser("bench", help="benchmarks")
@@ -111,12 +120,14 @@ def build_parser() -> argparse.ArgumentParser:
                         "(overrides the config's clientConnection.qps; default 50; -1: no limit)")
     p.add_argument("--kube-api-burst", type=int, default=None,
                    help="burst of the client's rate limit (default 100)")
+    _add_core(p)
     p.set_defaults(handler="run")
 
     p = sub.add_parser("queues", help="queue tree: quota, limit, weight, allocated, fair share")
     _add_kubeconfig(p)
     _add_output(p)
     _add_scheduler_config(p)
+    _add_core(p)
     p.set_defaults(handler="queues")
 
     p = sub.add_parser("explain", help="why a pod or PodGroup is pending")
@@ -125,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_kubeconfig(p)
     _add_output(p)
     _add_scheduler_config(p)
+    _add_core(p)
     p.set_defaults(handler="explain")
 
     p = sub.add_parser("snapshot", help="dump the live cluster to a scenario file")
@@ -162,8 +174,26 @@ def _resolve(target: str) -> Callable[[argparse.Namespace], int]:
     return func
 
 
+def _choose_core(core: str) -> int:
+    """Make `core` the process's scheduling core; 0, or 2 when it cannot be had."""
+    from kai_ray.core import schedule
+
+    try:
+        schedule.set_default_core(core)  # type: ignore[arg-type]
+        if core == "native" and schedule.native_core() is None:
+            print("kai-ray: --core native: the native core is not built (python3 -m "
+                  "kai_ray.testing.native_core builds it and prints where)", file=sys.stderr)
+            return 2
+    except (ValueError, ImportError) as exc:
+        print(f"kai-ray: --core {core}: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    if getattr(args, "core", "auto") != "auto" and (code := _choose_core(args.core)):
+        return code
     handler = _resolve(_HANDLERS[args.handler])
     try:
         return int(handler(args) or 0)

@@ -12,10 +12,9 @@ from typing import Any
 
 from kubernetes import client
 
-from kai_ray import core
 from kai_ray.core.model import ACTIVE_ALLOCATED, PodStatus, SchedulerConfig, Snapshot
 from kai_ray.core.result import CycleResult
-from kai_ray.core.schedule import schedule
+from kai_ray.core.schedule import describe_core, schedule
 from kai_ray.k8s.binder import Binder, BinderConfig
 from kai_ray.k8s.cache import ClusterCache
 from kai_ray.k8s.events import EventRecorder
@@ -209,7 +208,7 @@ class SchedulerLoop:
             wake.wait(max(0.0, last + self.config.period_s - time.monotonic()))
 
     def run(self, is_leader: Any = None) -> None:
-        log.info("scheduling core: %s", "compiled (mypyc)" if core.COMPILED else "interpreted")
+        log.info("scheduling core: %s", describe_core())
         if self.grouper is not None and (self._grouping is None
                                          or not self._grouping.is_alive()):
             self._grouping = threading.Thread(target=self._group_forever, args=(is_leader,),

@@ -84,15 +84,15 @@ def build(log: Callable[[str], None] = print) -> Path:
             if work.exists():
                 shutil.rmtree(work, ignore_errors=True)
     _copy_package(final)  # the rest of kai_ray as it is now
-    _prune(final.parent, keep=final)
+    prune(final.parent, keep=final)
     return final
 
 
-def _prune(root: Path, keep: Path, versions: int = 3) -> None:
-    """Drop all but the `versions` most recently used compiled versions (each is a few MB;
-    one per edit of the core otherwise piles up)."""
+def prune(root: Path, keep: Path, versions: int = 3, marker: str = _MARKER) -> None:
+    """Drop all but the `versions` most recently used builds under `root` (those holding
+    `marker`; each is a few MB, one per edit of the core otherwise piles up)."""
     os.utime(keep)
-    done = sorted((p for p in root.iterdir() if (p / _MARKER).is_file()),
+    done = sorted((p for p in root.iterdir() if (p / marker).is_file()),
                   key=lambda p: p.stat().st_mtime, reverse=True)
     for old in done[versions:]:
         if old != keep:
@@ -100,7 +100,8 @@ def _prune(root: Path, keep: Path, versions: int = 3) -> None:
 
 
 def env(path: Path) -> dict[str, str]:
-    """The environment for a subprocess that runs kai_ray from `path` (see `build`)."""
+    """The environment for a subprocess that runs kai_ray from `path` (see `build`; the
+    native core's builds go the same way)."""
     previous = os.environ.get("PYTHONPATH")
     return {**os.environ, "PYTHONPATH": str(path) + (os.pathsep + previous if previous else "")}
 

@@ -18,10 +18,18 @@ from kai_ray.core import placement
 from kai_ray.core.actions import gpu_room, solver, victim_stream
 from kai_ray.core.model import PodStatus, Request, SchedulerConfig, Snapshot
 from kai_ray.core.result import CycleResult
-from kai_ray.core.schedule import schedule
+from kai_ray.core.schedule import schedule, set_default_core
 from kai_ray.core.state import JobState, Session
 from kai_ray.sim.runner import advance
 from kai_ray.sim.synthetic import cluster
+
+
+@pytest.fixture(autouse=True)
+def python_core():  # type: ignore[no-untyped-def]
+    """These patch the Python core's internals: the Rust core, when built, must not run."""
+    before = set_default_core("python")
+    yield
+    set_default_core(before)
 
 
 def _decisions(result: CycleResult) -> tuple[object, ...]:

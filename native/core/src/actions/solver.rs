@@ -1,0 +1,651 @@
+//! The victim solver shared by reclaim, preempt and consolidation
+//! (kai_ray/core/actions/solver.py, kai-spec §6.4). For a pending job it grows prefixes of its
+//! tasks-to-allocate; each prefix starts from the victims recorded for the previous one and adds
+//! potential victims in victim order; every scenario evicts the recorded victims plus the
+//! potential victims on one node of the latest one, then places the preemptor and the victims
+//! again (pipeline only). An action's rules accept or reject the scenario.
+
+use std::cmp::Ordering;
+
+use rustc_hash::{FxHashMap, FxHashSet};
+
+use crate::actions::common::place_tasks;
+use crate::actions::gpu_room::{free_into, needs, AllFreed, DevKey, FreeGpus, Freed, GpuRoom};
+use crate::actions::victim_stream::{StreamRead, VictimStream};
+use crate::actions::victims::{
+    new_unit, take_unrecorded, unit_of, unit_order_number, victim_units,
+};
+use crate::model::PodStatus;
+use crate::ordering::{Items, JobQueue};
+use crate::state::{EvictInfo, EvictMessage, Session, Undo};
+
+/// Which victims a job may take: preempt (queue, priority), reclaim (queue, i64::MIN); None
+/// for consolidation (no cache across jobs).
+pub type Scope = Option<(usize, i64)>;
+type ScopeKey = (usize, i64);
+/// (scope, whole-GPU needs, fractions needed) -> whether every candidate victim would do
+type EnoughKey = (ScopeKey, Vec<i64>, Vec<i64>);
+
+/// What an action decides for the solver.
+pub trait Rules {
+    fn action(&self) -> &'static str;
+    fn message(&self) -> EvictMessage;
+    /// the candidate victim jobs
+    fn candidates(&self, sess: &mut Session) -> Vec<usize>;
+    /// None when the scenario is accepted, else Some(the queue that can give nothing more, if
+    /// the rejection names one)
+    fn validate(&self, sess: &Session, evicted: &[usize], moved: &[usize])
+        -> Option<Option<usize>>;
+}
+
+fn gpu_amount(sess: &Session, t: usize) -> f64 {
+    let req = &sess.tasks[t].req;
+    if req.gpus != 0 {
+        req.gpus as f64
+    } else if req.gpu_fraction_milli != 0 {
+        req.gpu_fraction_milli as f64 / 1000.0 * req.fraction_devices as f64
+    } else {
+        0.0
+    }
+}
+
+type Footprint = Vec<(f64, i64, i64)>;
+type SignatureKey = (usize, i64, bool, Vec<(bool, bool, bool, usize)>);
+
+fn le3(a: &(f64, i64, i64), b: &(f64, i64, i64)) -> bool {
+    a.0 <= b.0 && a.1 <= b.1 && a.2 <= b.2
+}
+
+/// KAI's scheduling signatures: within one action, skip a job that looks like one that already
+/// failed (same constraints) unless it is strictly easier to place.
+#[derive(Default)]
+pub struct FailedJobs {
+    failed: FxHashMap<SignatureKey, Footprint>,
+}
+
+impl FailedJobs {
+    fn key(sess: &Session, job: usize, scope: usize) -> SignatureKey {
+        let mut kinds: Vec<(bool, bool, bool, usize)> = sess
+            .pending_tasks(job)
+            .into_iter()
+            .map(|t| {
+                let task = &sess.tasks[t];
+                (
+                    task.req.gpus > 0,
+                    task.req.gpu_fraction_milli > 0,
+                    task.req.gpu_memory_mib > 0,
+                    task.constraints,
+                )
+            })
+            .collect();
+        kinds.sort();
+        kinds.dedup();
+        let js = &sess.jobs[job];
+        (scope, js.priority, js.preemptible, kinds)
+    }
+
+    fn footprint(sess: &Session, job: usize) -> Footprint {
+        let mut out: Footprint = sess
+            .pending_tasks(job)
+            .into_iter()
+            .map(|t| (gpu_amount(sess, t), sess.tasks[t].req.cpu_m, sess.tasks[t].req.memory))
+            .collect();
+        out.sort_by(|a, b| b.partial_cmp(a).unwrap_or(Ordering::Equal));
+        out
+    }
+
+    pub fn should_skip(&self, sess: &Session, job: usize, scope: usize) -> bool {
+        let Some(known) = self.failed.get(&Self::key(sess, job, scope)) else { return false };
+        let mine = Self::footprint(sess, job);
+        if mine.len() < known.len() {
+            return false;
+        }
+        for (a, b) in mine.iter().zip(known) {
+            if a != b {
+                return !le3(a, b);
+            }
+        }
+        true
+    }
+
+    pub fn record(&mut self, sess: &Session, job: usize, scope: usize) {
+        let key = Self::key(sess, job, scope);
+        let mine = Self::footprint(sess, job);
+        let replace = match self.failed.get(&key) {
+            None => true,
+            Some(known) => {
+                mine.len() <= known.len() && mine.iter().zip(known).all(|(a, b)| le3(a, b))
+            }
+        };
+        if replace {
+            self.failed.insert(key, mine);
+        }
+    }
+}
+
+/// One scope's victim units, their victim-order queue and what they would free together,
+/// updated job by job (candidate membership is fixed within an action).
+struct ScopeVictims {
+    units: FxHashMap<usize, usize>,
+    members: FxHashSet<usize>,
+    freed: Freed,
+    queue: JobQueue,
+}
+
+impl ScopeVictims {
+    fn new(sess: &mut Session, jobs: &[usize]) -> ScopeVictims {
+        let mut scope = ScopeVictims {
+            units: FxHashMap::default(),
+            members: jobs.iter().copied().collect(),
+            freed: Freed::default(),
+            queue: JobQueue::prebuilt(Items::Units, true, Vec::new()),
+        };
+        let mut entries = Vec::new();
+        for &job in jobs {
+            if let Some(unit) = scope.add(sess, job) {
+                let number = unit_order_number(sess, unit);
+                entries.push((sess.jobs[job].queue_key, (-number, scope.units.len() as u64, unit)));
+            }
+        }
+        scope.queue = JobQueue::prebuilt(Items::Units, true, entries);
+        scope
+    }
+
+    /// The job's unit as of its last change (kept for the session, shared by every scope).
+    fn add(&mut self, sess: &mut Session, job: usize) -> Option<usize> {
+        let changes = sess.jobs[job].changes;
+        let unit = match sess.victim_units.get(&job) {
+            Some(&(at, unit)) if at == changes => unit,
+            _ => {
+                let unit = unit_of(sess, job);
+                sess.victim_units.insert(job, (changes, unit));
+                unit
+            }
+        };
+        if let Some(unit) = unit {
+            self.units.insert(job, unit);
+            for i in 0..sess.units[unit].tasks.len() {
+                let t = sess.units[unit].tasks[i];
+                self.freed.add(sess, t, 1);
+            }
+        }
+        unit
+    }
+
+    fn update(&mut self, sess: &mut Session, jobs: &[usize]) {
+        let mut gone = Vec::new();
+        let mut seen: FxHashSet<usize> = FxHashSet::default();
+        for &job in jobs {
+            if !seen.insert(job) {
+                continue;
+            }
+            if let Some(old) = self.units.remove(&job) {
+                gone.push(old);
+                for i in 0..sess.units[old].tasks.len() {
+                    let t = sess.units[old].tasks[i];
+                    self.freed.add(sess, t, -1);
+                }
+            }
+        }
+        self.queue.discard(&gone);
+        for &job in jobs {
+            if let Some(unit) = self.add(sess, job) {
+                self.queue.push(sess, unit);
+            }
+        }
+    }
+}
+
+/// Victim candidates and free GPUs for one action run. A job that fails rolls the session back;
+/// one that succeeds changes only the jobs its decisions touched (found in the undo log), so
+/// only their victim units are rebuilt, in the scopes that hold them.
+#[derive(Default)]
+pub struct VictimCache {
+    version: Option<usize>,
+    free: Option<FreeGpus>,
+    scopes: FxHashMap<(usize, i64), ScopeVictims>,
+    scope_order: Vec<(usize, i64)>,
+    all_freed: FxHashMap<(usize, i64), AllFreed>,
+    streams: FxHashMap<(usize, i64), VictimStream>,
+    /// per stream, jobs changed since it was built (in the order first seen)
+    touched: FxHashMap<(usize, i64), Vec<usize>>,
+    enough_all: FxHashMap<EnoughKey, bool>,
+    /// scope None: this attempt's victims (rebuilt every time)
+    loose_freed: Option<AllFreed>,
+    loose_queue: Option<JobQueue>,
+}
+
+impl VictimCache {
+    fn all_enough(&mut self, sess: &mut Session, scope: Scope, prefix: &[usize]) -> bool {
+        let (whole, fractions) = needs(sess, prefix);
+        let Some(key) = scope else {
+            return self.loose_freed.as_ref().expect("all freed").enough(&whole, &fractions);
+        };
+        let cache_key = (key, whole, fractions);
+        if let Some(&known) = self.enough_all.get(&cache_key) {
+            return known;
+        }
+        let known = self.all_freed[&key].enough(&cache_key.1, &cache_key.2);
+        self.enough_all.insert(cache_key, known);
+        known
+    }
+
+    /// The scope's victim stream for the current state (`get` was called for this state).
+    fn stream_ready(&mut self, sess: &mut Session, scope: Scope) -> bool {
+        let Some(key) = scope else { return false };
+        if !self.scopes.contains_key(&key) || self.free.is_none() {
+            return false;
+        }
+        let touched = self.touched.remove(&key);
+        let mut keep = self.streams.contains_key(&key);
+        if keep {
+            if let Some(touched) = touched {
+                let units = &self.scopes[&key].units;
+                let stream = self.streams.get_mut(&key).expect("stream");
+                keep = stream.renew(sess, units, &touched);
+            }
+        }
+        if !keep {
+            let victims = &self.scopes[&key];
+            self.streams.insert(key, VictimStream::new(&victims.queue, &victims.units));
+        }
+        true
+    }
+
+    fn get(&mut self, sess: &mut Session, scope: Scope, rules: &dyn Rules) {
+        let now = sess.undo.len();
+        if self.version != Some(now) || self.free.is_none() {
+            let mut touched: Vec<usize> = Vec::new();
+            match self.version {
+                Some(version) if version <= now => {
+                    let entries = &sess.undo[version..];
+                    let mut jobs: Vec<usize> = Vec::new();
+                    let mut seen: FxHashSet<usize> = FxHashSet::default();
+                    for entry in entries {
+                        let job = sess.tasks[entry.task()].job;
+                        if seen.insert(job) {
+                            jobs.push(job);
+                        }
+                    }
+                    let nodes = changed_nodes(sess, version, &jobs);
+                    touched = jobs.clone();
+                    for key in self.scope_order.clone() {
+                        let scope_jobs: Vec<usize> = jobs
+                            .iter()
+                            .copied()
+                            .filter(|j| self.scopes[&key].members.contains(j))
+                            .collect();
+                        if !scope_jobs.is_empty() {
+                            self.scopes.get_mut(&key).expect("scope").update(sess, &scope_jobs);
+                        }
+                    }
+                    for (key, all_freed) in self.all_freed.iter_mut() {
+                        all_freed.refresh(sess, &self.scopes[key].freed, &nodes);
+                    }
+                }
+                _ => {
+                    self.scopes.clear();
+                    self.scope_order.clear();
+                    self.streams.clear();
+                    self.touched.clear();
+                    self.all_freed.clear();
+                }
+            }
+            self.version = Some(now);
+            self.free = Some(FreeGpus::new(sess));
+            self.enough_all.clear();
+            // streams are carried over when next used, with every job touched since
+            let keys: Vec<(usize, i64)> = self.streams.keys().copied().collect();
+            for key in keys {
+                let list = self.touched.entry(key).or_default();
+                for &job in &touched {
+                    if !list.contains(&job) {
+                        list.push(job);
+                    }
+                }
+            }
+        }
+        let Some(key) = scope else {
+            let candidates = rules.candidates(sess);
+            let units = victim_units(sess, &candidates);
+            let mut freed = Freed::default();
+            for &u in &units {
+                for i in 0..sess.units[u].tasks.len() {
+                    let t = sess.units[u].tasks[i];
+                    freed.add(sess, t, 1);
+                }
+            }
+            let free = self.free.as_ref().expect("free");
+            let mut view = free.with_freed(sess, &freed);
+            self.loose_freed = Some(AllFreed::new(sess, &mut view));
+            self.loose_queue = Some(JobQueue::new(sess, Items::Units, &units, true, false));
+            return;
+        };
+        if let std::collections::hash_map::Entry::Vacant(slot) = self.scopes.entry(key) {
+            let candidates = rules.candidates(sess);
+            slot.insert(ScopeVictims::new(sess, &candidates));
+            self.scope_order.push(key);
+        }
+        if !self.all_freed.contains_key(&key) {
+            let free = self.free.as_ref().expect("free");
+            let mut view = free.with_freed(sess, &self.scopes[&key].freed);
+            self.all_freed.insert(key, AllFreed::new(sess, &mut view));
+        }
+    }
+
+    fn victim_queue(&self, scope: Scope) -> &JobQueue {
+        match scope {
+            Some(key) => &self.scopes[&key].queue,
+            None => self.loose_queue.as_ref().expect("queue"),
+        }
+    }
+}
+
+/// Nodes where undo-log entries from `version` on changed something, and where the tasks of
+/// `jobs` (whose victim units may have changed) sit.
+fn changed_nodes(sess: &Session, version: usize, jobs: &[usize]) -> Vec<i32> {
+    let mut nodes: FxHashSet<i32> = FxHashSet::default();
+    for entry in &sess.undo[version..] {
+        nodes.insert(sess.tasks[entry.task()].node);
+        match *entry {
+            Undo::Move { copy, .. } => {
+                nodes.insert(sess.tasks[copy].node);
+            }
+            Undo::Alloc { node, .. } => {
+                nodes.insert(node);
+            }
+            _ => {}
+        }
+    }
+    for &job in jobs {
+        for &t in &sess.jobs[job].tasks {
+            nodes.insert(sess.tasks[t].node);
+        }
+    }
+    nodes.remove(&-1);
+    let mut out: Vec<i32> = nodes.into_iter().collect();
+    out.sort_unstable();
+    out
+}
+
+/// What a job's recorded victims free, as overlays over the free GPUs, kept from prefix to
+/// prefix: the victims recorded for the next prefix are mostly those of this one plus a few.
+#[derive(Default)]
+struct RecordedFreed {
+    tasks: Vec<usize>,
+    whole: FxHashMap<i32, i64>,
+    freed: FxHashMap<DevKey, i64>,
+}
+
+impl RecordedFreed {
+    fn of(&mut self, sess: &Session, free: &FreeGpus, recorded: &[usize]) {
+        let known = self.tasks.len();
+        if recorded.len() < known || recorded.iter().zip(&self.tasks).any(|(a, b)| a != b) {
+            *self = RecordedFreed::default();
+        }
+        let known = self.tasks.len();
+        for &t in &recorded[known..] {
+            let mut scratch = FxHashMap::default();
+            free_into(sess, &free.whole, false, t, &mut self.whole, &mut scratch, &mut self.freed);
+            self.tasks.push(t);
+        }
+    }
+}
+
+pub struct Solver<'a> {
+    rules: &'a dyn Rules,
+    scope: Scope,
+    /// queues a validator said can give nothing more: their other jobs are not tried as
+    /// victims for this job
+    exhausted: FxHashSet<usize>,
+    recorded: RecordedFreed,
+}
+
+impl<'a> Solver<'a> {
+    pub fn new(rules: &'a dyn Rules, scope: Scope) -> Solver<'a> {
+        Solver { rules, scope, exhausted: FxHashSet::default(), recorded: RecordedFreed::default() }
+    }
+
+    /// Try to make room for `job`; on success the winning scenario stays applied.
+    pub fn solve(&mut self, sess: &mut Session, cache: &mut VictimCache, job: usize) -> bool {
+        self.exhausted.clear();
+        let tasks = sess.tasks_to_allocate(job, false);
+        if tasks.is_empty() {
+            return false;
+        }
+        let base = sess.checkpoint();
+        let active_before = sess.active_count(job);
+        // the state is rolled back to `base` before every prefix: the candidates and the free
+        // GPUs are the same for all of them
+        cache.get(sess, self.scope, self.rules);
+        // hopeless: not even every candidate victim together would make room for all tasks
+        if !cache.all_enough(sess, self.scope, &tasks) {
+            return false;
+        }
+        let mut recorded: Vec<usize> = Vec::new();
+        self.recorded = RecordedFreed::default();
+        let mut solved = false;
+        for k in 1..=tasks.len() {
+            let Some(victims) = self.solve_prefix(sess, cache, job, &tasks[..k], &recorded) else {
+                break;
+            };
+            recorded = victims;
+            solved = k == tasks.len();
+            if !solved {
+                sess.rollback(base);
+            }
+        }
+        if solved && sess.gang_satisfied(job) && sess.active_count(job) > active_before {
+            return true;
+        }
+        sess.rollback(base);
+        false
+    }
+
+    fn solve_prefix(
+        &mut self,
+        sess: &mut Session,
+        cache: &mut VictimCache,
+        job: usize,
+        prefix: &[usize],
+        recorded: &[usize],
+    ) -> Option<Vec<usize>> {
+        let mut room = {
+            let free = cache.free.as_mut().expect("free");
+            GpuRoom::new(sess, free, prefix)
+        };
+        if !recorded.is_empty() && !room.trivial {
+            let free = cache.free.as_mut().expect("free");
+            self.recorded.of(sess, free, recorded);
+            room.adopt(sess, free, &self.recorded.whole, &self.recorded.freed);
+        }
+        if !recorded.is_empty() && room.enough(sess, cache.free.as_mut().expect("free")) {
+            if let Some(result) = self.try_scenario(sess, job, prefix, recorded) {
+                return Some(result);
+            }
+        }
+        if !cache.all_enough(sess, self.scope, prefix) {
+            return None; // not even every candidate victim together would make room
+        }
+        let use_stream = cache.stream_ready(sess, self.scope) && {
+            let key = self.scope.expect("scope");
+            cache.streams[&key].covers(sess, &cache.scopes[&key].units, recorded)
+        };
+        let mut source = if use_stream {
+            let key = self.scope.expect("scope");
+            let VictimCache { streams, scopes, free, .. } = &mut *cache;
+            let stream = streams.get_mut(&key).expect("stream");
+            let free = free.as_mut().expect("free");
+            Source::Stream(StreamRead::new(
+                stream,
+                sess,
+                free,
+                &scopes[&key].units,
+                &room,
+                recorded,
+                &self.exhausted,
+            ))
+        } else {
+            Source::Popped(
+                cache.victim_queue(self.scope).clone(),
+                recorded.iter().copied().collect(),
+            )
+        };
+        // potential victims by node, in the order they were taken (those of the quiet batch,
+        // which come first, sorted by node only once an entry may be simulated)
+        let mut quiet_batch: Vec<usize> = Vec::new();
+        let mut potential: Option<FxHashMap<i32, Vec<usize>>> = None;
+        loop {
+            let item = match &mut source {
+                Source::Stream(read) => {
+                    let key = self.scope.expect("scope");
+                    let VictimCache { streams, scopes, free, .. } = &mut *cache;
+                    let stream = streams.get_mut(&key).expect("stream");
+                    let free = free.as_mut().expect("free");
+                    read.next(stream, sess, free, &scopes[&key].units, &mut room, &self.exhausted)
+                }
+                Source::Popped(queue, recorded_set) => {
+                    popped_next(sess, queue, recorded_set, &self.exhausted)
+                }
+            };
+            let Some((taken, quiet)) = item else { break };
+            if quiet {
+                quiet_batch.extend(taken);
+                continue;
+            }
+            let potential = potential.get_or_insert_with(|| {
+                let mut by_node: FxHashMap<i32, Vec<usize>> = FxHashMap::default();
+                for &t in &quiet_batch {
+                    by_node.entry(sess.tasks[t].node).or_default().push(t);
+                }
+                by_node
+            });
+            {
+                let free = cache.free.as_mut().expect("free");
+                for &t in &taken {
+                    potential.entry(sess.tasks[t].node).or_default().push(t);
+                    room.add_victim(sess, free, t);
+                }
+                if !room.enough(sess, free) {
+                    continue; // even every victim so far would not free enough GPUs
+                }
+            }
+            let mut nodes: Vec<i32> = taken.iter().map(|&t| sess.tasks[t].node).collect();
+            nodes.sort_unstable();
+            nodes.dedup();
+            for node in nodes {
+                let mut scenario = recorded.to_vec();
+                scenario.extend_from_slice(&potential[&node]);
+                if !room.enough_with(sess, cache.free.as_mut().expect("free"), &scenario) {
+                    continue;
+                }
+                if let Some(result) = self.try_scenario(sess, job, prefix, &scenario) {
+                    return Some(result);
+                }
+            }
+        }
+        None
+    }
+
+    /// Simulate one scenario. On success the state stays applied and the victims that matter
+    /// (evicted or moved) are returned.
+    fn try_scenario(
+        &mut self,
+        sess: &mut Session,
+        job: usize,
+        prefix: &[usize],
+        victims: &[usize],
+    ) -> Option<Vec<usize>> {
+        let checkpoint = sess.checkpoint();
+        for &task in victims {
+            sess.evict(task);
+            sess.evict_info.insert(
+                task,
+                EvictInfo {
+                    action: self.rules.action(),
+                    preemptor: Some(job),
+                    message: self.rules.message(),
+                },
+            );
+        }
+        let mut order_jobs = vec![job];
+        for &t in victims {
+            let j = sess.tasks[t].job;
+            if !order_jobs[1..].contains(&j) {
+                order_jobs.push(j);
+            }
+        }
+        let mut order = JobQueue::new(sess, Items::Jobs, &order_jobs, false, true);
+        while let Some(next_job) = order.pop(sess) {
+            if next_job == job {
+                let pending: Vec<usize> = prefix
+                    .iter()
+                    .copied()
+                    .filter(|&t| sess.tasks[t].status == PodStatus::Pending)
+                    .collect();
+                if !place_tasks(sess, job, &pending, true, false) {
+                    sess.rollback(checkpoint);
+                    return None;
+                }
+                continue;
+            }
+            let again = sess.tasks_to_allocate(next_job, true);
+            if !again.is_empty() {
+                place_tasks(sess, next_job, &again, true, false);
+            }
+        }
+        let evicted: Vec<usize> = victims
+            .iter()
+            .copied()
+            .filter(|&t| {
+                sess.tasks[t].status == PodStatus::Releasing && sess.tasks[t].moved.is_none()
+            })
+            .collect();
+        let moved: Vec<usize> =
+            victims.iter().copied().filter(|&t| sess.tasks[t].moved.is_some()).collect();
+        if let Some(rejected) = self.rules.validate(sess, &evicted, &moved) {
+            sess.rollback(checkpoint);
+            if let Some(queue) = rejected {
+                self.exhausted.insert(queue);
+            }
+            return None;
+        }
+        let mut out = evicted;
+        out.extend(moved);
+        Some(out)
+    }
+}
+
+enum Source {
+    Stream(StreamRead),
+    /// a copy of the scope's victim queue, popped here, and the recorded victims
+    Popped(JobQueue, FxHashSet<usize>),
+}
+
+/// The victims in victim order, popped from a copy of the scope's queue: what each next unit
+/// gives up (never a recorded victim again; what is left of its job goes back), skipping
+/// queues a validator exhausted.
+fn popped_next(
+    sess: &mut Session,
+    queue: &mut JobQueue,
+    recorded: &FxHashSet<usize>,
+    exhausted: &FxHashSet<usize>,
+) -> Option<(Vec<usize>, bool)> {
+    while let Some(unit) = queue.pop(sess) {
+        let job = sess.units[unit].job;
+        if !exhausted.is_empty()
+            && sess.queue_path(sess.jobs[job].queue_id).iter().any(|q| exhausted.contains(q))
+        {
+            continue;
+        }
+        let (taken, rest) = take_unrecorded(sess, unit, recorded);
+        if let Some(rest) = rest {
+            let rest = new_unit(sess, job, rest);
+            queue.push(sess, rest);
+        }
+        if !taken.is_empty() {
+            return Some((taken, false));
+        }
+    }
+    None
+}

@@ -1,0 +1,773 @@
+//! A scope's victim order popped once per session state and read by every prefix of every job
+//! tried against that state (kai_ray/core/actions/victim_stream.py), with running tallies of
+//! what the victims free so that a prefix skips those that cannot yet make room for it.
+//!
+//! The stream's free GPUs are always the cache's current `FreeGpus` (the stream is carried over
+//! or rebuilt whenever the state changes), so they are passed in rather than held.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use rustc_hash::{FxHashMap, FxHashSet};
+
+use crate::actions::gpu_room::{free_into, DevKey, FreeGpus, GpuRoom};
+use crate::actions::victims::{new_unit, take, take_unrecorded, unit_order_number};
+use crate::ordering::JobQueue;
+use crate::state::{Session, MILLI};
+
+enum Tally {
+    /// how many requests of `size` whole GPUs the nodes' free whole GPUs could hold
+    Holds { size: i64, node_free: FxHashMap<i32, i64>, now: i64, values: Vec<i64> },
+    /// how many fractions of `size` milli the places could hold
+    Fits {
+        size: i64,
+        per_whole: i64,
+        device_freed: FxHashMap<DevKey, i64>,
+        now: i64,
+        values: Vec<i64>,
+    },
+}
+
+impl Tally {
+    fn new(sess: &Session, free: &mut FreeGpus, holds: bool, size: i64) -> Tally {
+        if holds {
+            let now = free.whole.values().map(|v| v.div_euclid(size)).sum();
+            Tally::Holds { size, node_free: FxHashMap::default(), now, values: Vec::new() }
+        } else {
+            let per_whole = MILLI.div_euclid(size);
+            let rooms: i64 = free.devices(sess).values().map(|r| r.div_euclid(size)).sum();
+            let now = rooms + per_whole * free.whole_totals().0;
+            Tally::Fits {
+                size,
+                per_whole,
+                device_freed: FxHashMap::default(),
+                now,
+                values: Vec::new(),
+            }
+        }
+    }
+
+    fn step(
+        &mut self,
+        sess: &Session,
+        base: &FxHashMap<i32, i64>,
+        gains: &[(i32, i64)],
+        events: &[(DevKey, i64)],
+    ) {
+        match self {
+            Tally::Holds { size, node_free, now, values } => {
+                for &(node, gain) in gains {
+                    let old = node_free
+                        .get(&node)
+                        .copied()
+                        .unwrap_or_else(|| base.get(&node).copied().unwrap_or(0));
+                    node_free.insert(node, old + gain);
+                    *now += (old + gain).div_euclid(*size) - old.div_euclid(*size);
+                }
+                values.push(*now);
+            }
+            Tally::Fits { size, per_whole, device_freed, now, values } => {
+                *now += *per_whole * gains.iter().map(|(_, g)| g).sum::<i64>();
+                for &(key, cost) in events {
+                    let Some(group) = sess.group(key.0, key.1) else { continue };
+                    let before = device_freed.get(&key).copied().unwrap_or(0);
+                    device_freed.insert(key, before + cost);
+                    let old = MILLI - group.used + group.releasing + before;
+                    let new =
+                        if before + cost + group.releasing >= group.used { 0 } else { old + cost };
+                    *now += new.div_euclid(*size) - old.div_euclid(*size);
+                }
+                values.push(*now);
+            }
+        }
+    }
+
+    fn values(&self) -> &Vec<i64> {
+        match self {
+            Tally::Holds { values, .. } | Tally::Fits { values, .. } => values,
+        }
+    }
+}
+
+/// What one stream entry frees: whole GPUs per node, and milli per shared device.
+type Frees = (Vec<(i32, i64)>, Vec<(DevKey, i64)>);
+
+/// Which running sum `first_reaching` looks at.
+#[derive(Clone, Copy)]
+enum Sums {
+    Whole,
+    Milli,
+    Tally(usize),
+}
+
+pub struct VictimStream {
+    source: JobQueue,
+    one_queue: bool,
+    /// the unit each job has waiting in `source`, if any (kept for `renew`)
+    in_source: FxHashMap<usize, usize>,
+    keys: Vec<i64>,
+    jobs: Vec<usize>,
+    taken: Vec<Vec<usize>>,
+    /// each job's entries
+    positions: FxHashMap<usize, Vec<usize>>,
+    /// entries read by a prefix so far
+    reach: usize,
+    done: bool,
+    /// every entry so far took its unit whole (then `renew` can carry the stream over)
+    single_takes: bool,
+    gains: Vec<Vec<(i32, i64)>>,
+    events: Vec<Vec<(DevKey, i64)>>,
+    whole: Vec<i64>,
+    milli: Vec<i64>,
+    tallies: Vec<((bool, i64), Tally)>,
+    device_freed: FxHashMap<DevKey, i64>,
+    cursor: usize,
+    cursor_whole: FxHashMap<i32, i64>,
+    cursor_freed: FxHashMap<DevKey, i64>,
+}
+
+impl VictimStream {
+    pub fn new(queue: &JobQueue, units: &FxHashMap<usize, usize>) -> VictimStream {
+        let mut source = queue.clone();
+        let one_queue = source.live_queue_count() <= 1;
+        let mut stream = VictimStream {
+            source,
+            one_queue,
+            in_source: units.clone(),
+            keys: Vec::new(),
+            jobs: Vec::new(),
+            taken: Vec::new(),
+            positions: FxHashMap::default(),
+            reach: 0,
+            done: false,
+            single_takes: true,
+            gains: Vec::new(),
+            events: Vec::new(),
+            whole: Vec::new(),
+            milli: Vec::new(),
+            tallies: Vec::new(),
+            device_freed: FxHashMap::default(),
+            cursor: 0,
+            cursor_whole: FxHashMap::default(),
+            cursor_freed: FxHashMap::default(),
+        };
+        stream.start();
+        stream
+    }
+
+    /// No entry popped or counted yet.
+    fn start(&mut self) {
+        self.keys.clear();
+        self.jobs.clear();
+        self.taken.clear();
+        self.positions.clear();
+        self.reach = 0;
+        self.done = false;
+        self.single_takes = true;
+        self.gains.clear();
+        self.events.clear();
+        self.whole.clear();
+        self.milli.clear();
+        self.tallies.clear();
+        self.device_freed.clear();
+        self.cursor = 0;
+        self.cursor_whole.clear();
+        self.cursor_freed.clear();
+    }
+
+    /// Pop one more entry.
+    fn more(&mut self, sess: &mut Session) -> bool {
+        if self.done {
+            return false;
+        }
+        let Some(unit) = self.source.pop(sess) else {
+            self.done = true;
+            return false;
+        };
+        let job = sess.units[unit].job;
+        self.in_source.remove(&job);
+        let (taken, rest) = take(sess, unit);
+        if let Some(rest) = rest {
+            let rest = new_unit(sess, job, rest);
+            self.source.push(sess, rest);
+            self.single_takes = false;
+        }
+        self.positions.entry(job).or_default().push(self.keys.len());
+        let number = unit_order_number(sess, unit);
+        self.keys.push(-number);
+        self.jobs.push(job);
+        self.taken.push(taken);
+        true
+    }
+
+    /// Carry the stream over to the next state, where the jobs in `touched` have new units in
+    /// `units` (or none): their entries go, the others keep their order, and the touched jobs'
+    /// new units are merged in by key. Only for one queue and single takes.
+    pub fn renew(
+        &mut self,
+        sess: &mut Session,
+        units: &FxHashMap<usize, usize>,
+        touched: &[usize],
+    ) -> bool {
+        if !(self.one_queue && self.single_takes) {
+            return false;
+        }
+        let touched_set: FxHashSet<usize> = touched.iter().copied().collect();
+        let kept: Vec<usize> = (0..self.reach.min(self.jobs.len()))
+            .filter(|&i| !touched_set.contains(&self.jobs[i]))
+            .collect();
+        let waiting: Vec<usize> = self.jobs[self.reach.min(self.jobs.len())..]
+            .iter()
+            .copied()
+            .filter(|j| !touched_set.contains(j))
+            .collect();
+        for &name in touched.iter().chain(waiting.iter()) {
+            if let Some(old) = self.in_source.remove(&name) {
+                self.source.dead.insert(old);
+            }
+            if let Some(&unit) = units.get(&name) {
+                self.source.push(sess, unit);
+                self.in_source.insert(name, unit);
+            }
+        }
+        let last = kept.last().map(|&i| self.keys[i]);
+        let mut new: Vec<(i64, usize, Vec<usize>)> = Vec::new();
+        if let Some(last) = last {
+            loop {
+                match self.source.top_key() {
+                    Some(top) if top < last => {}
+                    _ => break,
+                }
+                let unit = self.source.pop(sess).expect("a unit under the top key");
+                let job = sess.units[unit].job;
+                self.in_source.remove(&job);
+                let (taken, rest) = take(sess, unit);
+                if let Some(rest) = rest {
+                    let rest = new_unit(sess, job, rest);
+                    self.source.push(sess, rest);
+                    self.single_takes = false;
+                }
+                new.push((-unit_order_number(sess, unit), job, taken));
+            }
+        }
+        // merge by key (both in key order; keys are distinct: one entry per job)
+        let old: Vec<(i64, usize, Vec<usize>)> = kept
+            .iter()
+            .map(|&i| (self.keys[i], self.jobs[i], std::mem::take(&mut self.taken[i])))
+            .collect();
+        let mut entries = Vec::with_capacity(old.len() + new.len());
+        let (mut a, mut b) = (old.into_iter().peekable(), new.into_iter().peekable());
+        loop {
+            let pick_old = match (a.peek(), b.peek()) {
+                (Some(x), Some(y)) => x.0 <= y.0,
+                (Some(_), None) => true,
+                (None, Some(_)) => false,
+                (None, None) => break,
+            };
+            entries.push(if pick_old { a.next() } else { b.next() }.expect("an entry"));
+        }
+        let single = self.single_takes;
+        self.start();
+        self.single_takes = single;
+        for (key, job, taken) in entries {
+            self.positions.entry(job).or_default().push(self.keys.len());
+            self.keys.push(key);
+            self.jobs.push(job);
+            self.taken.push(taken);
+        }
+        true
+    }
+
+    /// Count one more entry in the tallies (popping it first if need be).
+    fn grow(&mut self, sess: &mut Session, free: &mut FreeGpus) -> bool {
+        let i = self.whole.len();
+        if i == self.keys.len() && !self.more(sess) {
+            return false;
+        }
+        let (gains, events) = self.frees(sess, i);
+        let gained: i64 = gains.iter().map(|(_, g)| g).sum();
+        self.whole.push(self.whole.last().copied().unwrap_or(0) + gained);
+        let mut milli = 0;
+        for &t in &self.taken[i] {
+            let task = &sess.tasks[t];
+            if task.node >= 0 && sess.schedulable[task.node as usize] {
+                milli += MILLI * task.req.gpus;
+            }
+        }
+        milli += events.iter().map(|(_, c)| c).sum::<i64>();
+        self.milli.push(self.milli.last().copied().unwrap_or(0) + milli);
+        for (_, tally) in self.tallies.iter_mut() {
+            tally.step(sess, &free.whole, &gains, &events);
+        }
+        self.gains.push(gains);
+        self.events.push(events);
+        true
+    }
+
+    fn tally(&mut self, sess: &Session, free: &mut FreeGpus, holds: bool, size: i64) -> usize {
+        if let Some(at) = self.tallies.iter().position(|(k, _)| *k == (holds, size)) {
+            return at;
+        }
+        let mut tally = Tally::new(sess, free, holds, size);
+        for (gains, events) in self.gains.iter().zip(&self.events) {
+            tally.step(sess, &free.whole, gains, events);
+        }
+        self.tallies.push(((holds, size), tally));
+        self.tallies.len() - 1
+    }
+
+    /// Whole GPUs entry `i`'s tasks free per node after the ones counted before (which they
+    /// join), and the milli they free on each shared device.
+    fn frees(&mut self, sess: &Session, i: usize) -> Frees {
+        let mut gains: Vec<(i32, i64)> = Vec::new();
+        let mut events = Vec::new();
+        let gain = |gains: &mut Vec<(i32, i64)>, node: i32, amount: i64| match gains
+            .iter_mut()
+            .find(|(n, _)| *n == node)
+        {
+            Some(entry) => entry.1 += amount,
+            None => gains.push((node, amount)),
+        };
+        for &t in &self.taken[i] {
+            let task = &sess.tasks[t];
+            if task.node < 0 || !sess.schedulable[task.node as usize] {
+                continue;
+            }
+            if task.req.gpus != 0 {
+                gain(&mut gains, task.node, task.req.gpus);
+                continue;
+            }
+            for &gid in &task.groups {
+                let key = (task.node, gid);
+                events.push((key, task.gpu_mem_cost));
+                let freed = self.device_freed.get(&key).copied().unwrap_or(0) + task.gpu_mem_cost;
+                self.device_freed.insert(key, freed);
+                if let Some(group) = sess.group(task.node, gid) {
+                    if freed - task.gpu_mem_cost + group.releasing < group.used
+                        && group.used <= freed + group.releasing
+                    {
+                        gain(&mut gains, task.node, 1);
+                    }
+                }
+            }
+        }
+        (gains, events)
+    }
+
+    fn sums(&self, which: Sums) -> &Vec<i64> {
+        match which {
+            Sums::Whole => &self.whole,
+            Sums::Milli => &self.milli,
+            Sums::Tally(at) => self.tallies[at].1.values(),
+        }
+    }
+
+    /// The first entry whose running sum reaches `target` (counting as far as needed), or the
+    /// number of entries when none does.
+    fn first_reaching(
+        &mut self,
+        sess: &mut Session,
+        free: &mut FreeGpus,
+        which: Sums,
+        target: i64,
+    ) -> usize {
+        loop {
+            let sums = self.sums(which);
+            if !sums.is_empty() && *sums.last().expect("a sum") >= target {
+                break;
+            }
+            if !self.grow(sess, free) {
+                break;
+            }
+        }
+        bisect_left(self.sums(which), target)
+    }
+
+    /// Whether `read` gives what popping a copy of the scope's queue would for `recorded`.
+    pub fn covers(
+        &self,
+        sess: &Session,
+        units: &FxHashMap<usize, usize>,
+        recorded: &[usize],
+    ) -> bool {
+        self.one_queue || recorded_whole(sess, units, recorded)
+    }
+
+    fn exhausted(sess: &Session, exhausted: &FxHashSet<usize>, job: usize) -> bool {
+        !exhausted.is_empty()
+            && sess.queue_path(sess.jobs[job].queue_id).iter().any(|q| exhausted.contains(q))
+    }
+
+    /// Add a quiet batch to `room` (which holds the recorded victims). When every recorded job
+    /// is one entry of the stream, taken whole, and no queue is exhausted, the batch plus the
+    /// recorded entries before `until` are exactly entries 0..until-1: `room` adopts the
+    /// stream's count of those and takes the recorded victims after `until` again.
+    #[allow(clippy::too_many_arguments)]
+    fn count_in(
+        &mut self,
+        sess: &Session,
+        free: &mut FreeGpus,
+        units: &FxHashMap<usize, usize>,
+        room: &mut GpuRoom,
+        batch: &[usize],
+        until: usize,
+        recorded: &[usize],
+        exhausted: &FxHashSet<usize>,
+    ) {
+        let mut jobs: Vec<usize> = Vec::new();
+        for &t in recorded {
+            let j = sess.tasks[t].job;
+            if !jobs.contains(&j) {
+                jobs.push(j);
+            }
+        }
+        if !exhausted.is_empty()
+            || self.cursor > until
+            || !recorded_whole(sess, units, recorded)
+            || jobs.iter().any(|j| self.positions.get(j).map_or(0, |p| p.len()) != 1)
+        {
+            room.add_victims(sess, free, batch);
+            return;
+        }
+        while self.cursor < until {
+            for &t in &self.taken[self.cursor] {
+                let mut scratch = FxHashMap::default();
+                free_into(
+                    sess,
+                    &free.whole,
+                    false,
+                    t,
+                    &mut self.cursor_whole,
+                    &mut scratch,
+                    &mut self.cursor_freed,
+                );
+            }
+            self.cursor += 1;
+        }
+        room.adopt(sess, free, &self.cursor_whole, &self.cursor_freed);
+        for &t in recorded {
+            if self.positions[&sess.tasks[t].job][0] >= until {
+                room.add_victim(sess, free, t);
+            }
+        }
+    }
+
+    /// Entries before this one cannot give `room`'s prefix enough GPUs, even with the victims
+    /// the tallies leave out (`recorded`, already in `room`, and the `others` the side units
+    /// may take) counted high.
+    fn quiet_until(
+        &mut self,
+        sess: &mut Session,
+        free: &mut FreeGpus,
+        room: &GpuRoom,
+        recorded: &[usize],
+        others: &[usize],
+    ) -> usize {
+        if room.trivial {
+            return 0;
+        }
+        let placed = |sess: &Session, t: usize| {
+            let n = sess.tasks[t].node;
+            n >= 0 && sess.schedulable[n as usize]
+        };
+        let need_whole: i64 = room.whole_needed.iter().sum();
+        let extra: Vec<usize> =
+            recorded.iter().chain(others).copied().filter(|&t| placed(sess, t)).collect();
+        let mut on_node: FxHashMap<i32, i64> = room
+            .whole
+            .iter()
+            .map(|(&n, &v)| (n, v - free.whole.get(&n).copied().unwrap_or(0)))
+            .collect();
+        let mut recorded_places: i64 = on_node.values().sum();
+        for (&(node, gid), &amount) in &room.freed {
+            if let Some(group) = sess.group(node, gid) {
+                if amount + group.releasing < group.used {
+                    *on_node.entry(node).or_insert(0) += 1;
+                    recorded_places += 1;
+                }
+            }
+        }
+        for &t in others {
+            if placed(sess, t) {
+                let task = &sess.tasks[t];
+                let add = if task.req.gpus != 0 { task.req.gpus } else { task.groups.len() as i64 };
+                *on_node.entry(task.node).or_insert(0) += add;
+            }
+        }
+        on_node.retain(|_, v| *v > 0);
+        let mut until = 0;
+        if need_whole != 0 {
+            let have = free.whole_totals().0 + on_node.values().sum::<i64>();
+            until = self.first_reaching(sess, free, Sums::Whole, need_whole - have);
+            let mut sizes: Vec<i64> =
+                room.whole_needed.iter().copied().filter(|&g| g != 1).collect();
+            sizes.sort_unstable();
+            sizes.dedup();
+            for g in sizes {
+                let count = room.whole_needed.iter().filter(|&&need| need >= g).count() as i64;
+                let more: i64 = on_node.values().map(|&v| -(-v).div_euclid(g)).sum();
+                let at = self.tally(sess, free, true, g);
+                until = until.max(self.first_reaching(sess, free, Sums::Tally(at), count - more));
+            }
+        }
+        if !room.fractions_needed.is_empty() {
+            let need = MILLI * need_whole + room.fractions_needed.iter().sum::<i64>();
+            let mut have = MILLI * free.whole_totals().0 + free.device_totals(sess).0;
+            for &t in &extra {
+                let task = &sess.tasks[t];
+                let amount = MILLI * task.req.gpus;
+                have +=
+                    if amount != 0 { amount } else { task.gpu_mem_cost * task.groups.len() as i64 };
+            }
+            until = until.max(self.first_reaching(sess, free, Sums::Milli, need - have));
+            let side: Vec<usize> = others.iter().copied().filter(|&t| placed(sess, t)).collect();
+            let mut sizes = room.fractions_needed.clone();
+            sizes.sort_unstable();
+            sizes.dedup();
+            for c in sizes {
+                let count = room.fractions_needed.iter().filter(|&&need| need >= c).count() as i64;
+                let per_whole = MILLI.div_euclid(c);
+                let mut more = per_whole * recorded_places;
+                for &t in &side {
+                    let task = &sess.tasks[t];
+                    more += if task.req.gpus != 0 {
+                        per_whole * task.req.gpus
+                    } else {
+                        task.groups.len() as i64 * (-(-task.gpu_mem_cost).div_euclid(c) + per_whole)
+                    };
+                }
+                let at = self.tally(sess, free, false, c);
+                until = until.max(self.first_reaching(
+                    sess,
+                    free,
+                    Sums::Tally(at),
+                    count - more + per_whole * need_whole,
+                ));
+            }
+        }
+        until
+    }
+}
+
+/// Python's `bisect.bisect_left`, midpoint for midpoint.
+fn bisect_left(values: &[i64], target: i64) -> usize {
+    let (mut lo, mut hi) = (0, values.len());
+    while lo < hi {
+        let mid = (lo + hi) / 2;
+        if values[mid] < target {
+            lo = mid + 1;
+        } else {
+            hi = mid;
+        }
+    }
+    lo
+}
+
+/// Every job with a recorded victim is one unit, taken whole and recorded whole.
+fn recorded_whole(sess: &Session, units: &FxHashMap<usize, usize>, recorded: &[usize]) -> bool {
+    let ids: FxHashSet<usize> = recorded.iter().copied().collect();
+    let mut seen: Vec<usize> = Vec::new();
+    for &t in recorded {
+        let job = sess.tasks[t].job;
+        if seen.contains(&job) {
+            continue;
+        }
+        seen.push(job);
+        if let Some(&unit) = units.get(&job) {
+            if take(sess, unit).1.is_some()
+                || sess.units[unit].tasks.iter().any(|t| !ids.contains(t))
+            {
+                return false;
+            }
+        }
+    }
+    true
+}
+
+/// One prefix's reading of the stream: what popping a copy of the scope's queue would yield
+/// for `recorded`, without popping again. The first item is the batch of victims that cannot
+/// make room for the prefix (quiet: added to the room here), then one entry at a time.
+pub struct StreamRead {
+    recorded: Vec<usize>,
+    recorded_set: FxHashSet<usize>,
+    side: BinaryHeap<Reverse<(i64, u64, usize)>>,
+    side_jobs: FxHashSet<usize>,
+    quiet_until: usize,
+    seq: u64,
+    batch: Vec<usize>,
+    i: usize,
+    finished: bool,
+    pending: Option<(Vec<usize>, bool)>,
+}
+
+impl StreamRead {
+    pub fn new(
+        stream: &mut VictimStream,
+        sess: &mut Session,
+        free: &mut FreeGpus,
+        units: &FxHashMap<usize, usize>,
+        room: &GpuRoom,
+        recorded: &[usize],
+        exhausted: &FxHashSet<usize>,
+    ) -> StreamRead {
+        let recorded_set: FxHashSet<usize> = recorded.iter().copied().collect();
+        let mut side_order: Vec<usize> = Vec::new();
+        for &t in recorded {
+            let j = sess.tasks[t].job;
+            if !side_order.contains(&j) {
+                side_order.push(j);
+            }
+        }
+        let mut side_list: Vec<Reverse<(i64, u64, usize)>> = Vec::new();
+        let mut others: Vec<usize> = Vec::new();
+        for &job in &side_order {
+            let Some(&unit) = units.get(&job) else { continue };
+            let left: Vec<usize> = sess.units[unit]
+                .tasks
+                .iter()
+                .copied()
+                .filter(|t| !recorded_set.contains(t))
+                .collect();
+            if left.is_empty() {
+                continue; // all of it recorded: it would give nothing more
+            }
+            let number = unit_order_number(sess, unit);
+            side_list.push(Reverse((-number, side_list.len() as u64, unit)));
+            others.extend(left);
+        }
+        let seq = side_list.len() as u64;
+        let side = BinaryHeap::from(side_list);
+        let quiet_until = stream.quiet_until(sess, free, room, recorded, &others);
+        let mut batch = Vec::new();
+        let mut i = 0;
+        if side.is_empty() && exhausted.is_empty() && quiet_until > 0 {
+            // nothing to merge in: the quiet batch is the entries before `quiet_until` but
+            // those of recorded jobs, taken as slices rather than one by one
+            i = quiet_until;
+            stream.reach = stream.reach.max(i);
+            let mut skip: Vec<usize> = side_order
+                .iter()
+                .flat_map(|j| stream.positions.get(j).into_iter().flatten().copied())
+                .filter(|&p| p < i)
+                .collect();
+            skip.sort_unstable();
+            let mut start = 0;
+            for p in skip {
+                for entry in &stream.taken[start..p] {
+                    batch.extend_from_slice(entry);
+                }
+                start = p + 1;
+            }
+            for entry in &stream.taken[start.min(i)..i] {
+                batch.extend_from_slice(entry);
+            }
+        }
+        StreamRead {
+            recorded: recorded.to_vec(),
+            recorded_set,
+            side,
+            side_jobs: side_order.into_iter().collect(),
+            quiet_until,
+            seq,
+            batch,
+            i,
+            finished: false,
+            pending: None,
+        }
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn next(
+        &mut self,
+        stream: &mut VictimStream,
+        sess: &mut Session,
+        free: &mut FreeGpus,
+        units: &FxHashMap<usize, usize>,
+        room: &mut GpuRoom,
+        exhausted: &FxHashSet<usize>,
+    ) -> Option<(Vec<usize>, bool)> {
+        if let Some(item) = self.pending.take() {
+            return Some(item);
+        }
+        if self.finished {
+            return None;
+        }
+        loop {
+            let more = self.i < stream.keys.len() || stream.more(sess);
+            let base_key = if more { Some(stream.keys[self.i]) } else { None };
+            let quiet = self.i < self.quiet_until;
+            let side_first = match (self.side.peek(), base_key) {
+                (Some(Reverse(top)), Some(key)) => top.0 < key,
+                (Some(_), None) => true,
+                (None, _) => false,
+            };
+            let taken: Vec<usize>;
+            if side_first {
+                let Reverse((_, _, unit)) = self.side.pop().expect("a side unit");
+                let job = sess.units[unit].job;
+                if VictimStream::exhausted(sess, exhausted, job) {
+                    continue;
+                }
+                let (got, rest) = take_unrecorded(sess, unit, &self.recorded_set);
+                if let Some(rest) = rest {
+                    self.seq += 1;
+                    let rest = new_unit(sess, job, rest);
+                    let number = unit_order_number(sess, rest);
+                    self.side.push(Reverse((-number, self.seq, rest)));
+                }
+                taken = got;
+            } else if base_key.is_none() {
+                break;
+            } else {
+                let job = stream.jobs[self.i];
+                taken = stream.taken[self.i].clone();
+                self.i += 1;
+                stream.reach = stream.reach.max(self.i);
+                if self.side_jobs.contains(&job) || VictimStream::exhausted(sess, exhausted, job) {
+                    continue;
+                }
+            }
+            if taken.is_empty() {
+                continue;
+            }
+            if quiet {
+                self.batch.extend(taken);
+                continue;
+            }
+            if let Some(batch) = self.flush(stream, sess, free, units, room, exhausted) {
+                self.pending = Some((taken, false));
+                return Some(batch);
+            }
+            return Some((taken, false));
+        }
+        self.finished = true;
+        self.flush(stream, sess, free, units, room, exhausted)
+    }
+
+    /// The quiet batch so far, counted into `room`, if there is one.
+    fn flush(
+        &mut self,
+        stream: &mut VictimStream,
+        sess: &Session,
+        free: &mut FreeGpus,
+        units: &FxHashMap<usize, usize>,
+        room: &mut GpuRoom,
+        exhausted: &FxHashSet<usize>,
+    ) -> Option<(Vec<usize>, bool)> {
+        if self.batch.is_empty() {
+            return None;
+        }
+        let batch = std::mem::take(&mut self.batch);
+        stream.count_in(
+            sess,
+            free,
+            units,
+            room,
+            &batch,
+            self.quiet_until,
+            &self.recorded,
+            exhausted,
+        );
+        Some((batch, true))
+    }
+}

@@ -1,0 +1,177 @@
+//! Victim units (kai_ray/core/actions/victims.py): what of a victim job is still there to take,
+//! and in which pieces (KAI clones the victim job with those tasks). Units live in the
+//! session's arena (`Session::units`) and are never changed once built.
+
+use std::cmp::Ordering;
+
+use crate::model::PodStatus;
+use crate::state::{cmp_task, Amounts, Session};
+
+fn victim_state(s: PodStatus) -> bool {
+    matches!(s, PodStatus::Allocated | PodStatus::Binding | PodStatus::Bound | PodStatus::Running)
+}
+
+#[derive(Clone, Debug)]
+pub struct VictimUnit {
+    pub job: usize,
+    pub tasks: Vec<usize>,
+    /// the tasks per podset of the job (its podsets' order); a pod of no podset is in none
+    pub by_set: Vec<Vec<usize>>,
+    pub rank: i64,
+    /// `order_number`, once asked (-1 before)
+    pub number: i64,
+}
+
+/// Build a unit of `tasks` of `job` in the arena; its id.
+pub fn new_unit(sess: &mut Session, job: usize, tasks: Vec<usize>) -> usize {
+    let js = &sess.jobs[job];
+    let by_set: Vec<Vec<usize>> = if !js.uses_subgroups {
+        vec![tasks.clone()] // the one podset (most jobs)
+    } else {
+        let default = js.podset("default");
+        let mut sets = vec![Vec::new(); js.podsets.len()];
+        for &t in &tasks {
+            if let Some(p) = js.podset(&sess.tasks[t].subgroup).or(default) {
+                sets[p].push(t);
+            }
+        }
+        sets
+    };
+    let mut at_min = true;
+    let mut rank = -1;
+    for (p, ps) in js.podsets.iter().enumerate() {
+        let count = by_set[p].len() as i64;
+        if count < ps.min_member {
+            rank = 0;
+            break;
+        }
+        if count > ps.min_member {
+            at_min = false;
+        }
+    }
+    if rank < 0 {
+        rank = if at_min { 1 } else { 2 };
+    }
+    let id = sess.units.len();
+    sess.units.push(VictimUnit { job, tasks, by_set, rank, number: -1 });
+    id
+}
+
+pub fn unit_order_number(sess: &mut Session, unit: usize) -> i64 {
+    if sess.units[unit].number < 0 {
+        let u = &sess.units[unit];
+        let (job, rank) = (u.job, u.rank);
+        let (priority, created) = (sess.jobs[job].priority, sess.jobs[job].created);
+        let number = sess.order_number(-priority, rank, created, job);
+        sess.units[unit].number = number;
+    }
+    sess.units[unit].number
+}
+
+/// What the queue loses when this unit is taken (its next tasks to evict).
+pub fn taken_amount(sess: &Session, unit: usize) -> Amounts {
+    let (taken, _) = take(sess, unit);
+    let (mut cpu, mut mem) = (0i64, 0i64);
+    let mut gpu = 0.0;
+    for &t in &taken {
+        cpu += sess.tasks[t].req.cpu_m;
+        mem += sess.tasks[t].req.memory;
+        gpu += sess.tasks[t].accepted_gpu;
+    }
+    [cpu as f64, mem as f64, gpu]
+}
+
+/// Tasks to evict next: one extra task of a podset above its minimum (with the other hosts of
+/// its replica: a replica is never split), else all. The rest's tasks, if any.
+pub fn take(sess: &Session, unit: usize) -> (Vec<usize>, Option<Vec<usize>>) {
+    let u = &sess.units[unit];
+    if u.tasks.len() == 1 {
+        return (u.tasks.clone(), None); // no podset is above its minimum (at least 1)
+    }
+    let js = &sess.jobs[u.job];
+    let mut best: Option<usize> = None;
+    for (p, ts) in u.by_set.iter().enumerate() {
+        let ps = &js.podsets[p];
+        if ts.len() as i64 <= ps.min_member {
+            continue;
+        }
+        best = match best {
+            None => Some(p),
+            Some(b) => {
+                let ratio = ts.len() as f64 / ps.min_member as f64;
+                let best_ratio = u.by_set[b].len() as f64 / js.podsets[b].min_member as f64;
+                let better = match ratio.partial_cmp(&best_ratio).unwrap_or(Ordering::Equal) {
+                    Ordering::Greater => true,
+                    Ordering::Less => false,
+                    Ordering::Equal => ps.name > js.podsets[b].name,
+                };
+                if better {
+                    Some(p)
+                } else {
+                    Some(b)
+                }
+            }
+        };
+    }
+    let Some(p) = best else { return (u.tasks.clone(), None) };
+    let ts = &u.by_set[p];
+    let mut victim = ts[0];
+    for &t in &ts[1..] {
+        if cmp_task(&sess.tasks[t], &sess.tasks[victim]) == Ordering::Greater {
+            victim = t;
+        }
+    }
+    let taken: Vec<usize> = match &sess.tasks[victim].replica {
+        None => vec![victim],
+        Some(r) => {
+            ts.iter().copied().filter(|&t| sess.tasks[t].replica.as_ref() == Some(r)).collect()
+        }
+    };
+    let rest: Vec<usize> = u.tasks.iter().copied().filter(|t| !taken.contains(t)).collect();
+    (taken, if rest.is_empty() { None } else { Some(rest) })
+}
+
+/// `take` when the tasks in `recorded` are already victims: if the next take would touch one,
+/// nothing is taken and what is left is the unit without them (its tasks).
+pub fn take_unrecorded(
+    sess: &Session,
+    unit: usize,
+    recorded: &rustc_hash::FxHashSet<usize>,
+) -> (Vec<usize>, Option<Vec<usize>>) {
+    let (taken, rest) = take(sess, unit);
+    if !taken.iter().any(|t| recorded.contains(t)) {
+        return (taken, rest);
+    }
+    let remaining: Vec<usize> =
+        sess.units[unit].tasks.iter().copied().filter(|t| !recorded.contains(t)).collect();
+    (Vec::new(), if remaining.is_empty() { None } else { Some(remaining) })
+}
+
+/// The victim tasks of a job: pods that were already placed when the cycle began (a pod
+/// allocated earlier in this cycle is not bound yet; evicting it could split its gang's bind).
+pub fn unit_tasks(sess: &Session, job: usize) -> Vec<usize> {
+    sess.jobs[job]
+        .tasks
+        .iter()
+        .copied()
+        .filter(|&t| {
+            let task = &sess.tasks[t];
+            victim_state(task.status) && task.moved.is_none() && victim_state(task.orig_status)
+        })
+        .collect()
+}
+
+/// `unit_of(job)`: a new unit of the job's victim tasks, None when it has none.
+pub fn unit_of(sess: &mut Session, job: usize) -> Option<usize> {
+    let tasks = unit_tasks(sess, job);
+    if tasks.is_empty() {
+        None
+    } else {
+        Some(new_unit(sess, job, tasks))
+    }
+}
+
+/// Victim candidates of `jobs`.
+pub fn victim_units(sess: &mut Session, jobs: &[usize]) -> Vec<usize> {
+    jobs.iter().filter_map(|&j| unit_of(sess, j)).collect()
+}

@@ -1,0 +1,429 @@
+//! Which job goes next (kai_ray/core/ordering.py): KAI's queue order over the queue tree, and
+//! job order inside a leaf queue. `JobQueue` pops jobs the way KAI's JobsOrderByQueues does;
+//! a reverse queue of victim units gives the victim order.
+
+use std::cmp::Reverse;
+use std::collections::BinaryHeap;
+
+use rustc_hash::{FxHashMap, FxHashSet};
+
+use crate::state::{leq, pending_queue_amount, Amounts, QueueState, Session};
+
+const ZERO_SHARE_MULT: f64 = 1000.0;
+const ZERO: Amounts = [0.0, 0.0, 0.0];
+
+/// The candidate request of a job: its tasks-to-allocate (pending gpu-memory via 100 MiB).
+pub fn job_request(sess: &mut Session, job: usize, simulation: bool) -> Amounts {
+    let s = simulation as usize;
+    let changes = sess.jobs[job].changes;
+    if let Some((at, amounts)) = sess.jobs[job].requested[s] {
+        if at == changes {
+            return amounts;
+        }
+    }
+    let (mut cpu, mut mem, mut gpu) = (0.0, 0.0, 0.0);
+    for task in sess.tasks_to_allocate(job, simulation) {
+        let amount = pending_queue_amount(&sess.tasks[task].req);
+        cpu += amount[0];
+        mem += amount[1];
+        gpu += amount[2];
+    }
+    let out = [cpu, mem, gpu];
+    sess.jobs[job].requested[s] = Some((changes, out));
+    out
+}
+
+fn share(sess: &Session, q: &QueueState, r: usize, allocated: f64) -> f64 {
+    let mut allocatable = q.allocatable(r);
+    if allocatable == -1.0 {
+        allocatable = sess.total[r];
+    }
+    if allocatable == 0.0 {
+        allocated * ZERO_SHARE_MULT
+    } else {
+        allocated / allocatable
+    }
+}
+
+fn dominant_share(sess: &Session, q: &QueueState, extra: Amounts) -> f64 {
+    let mut result = 0.0;
+    for (r, e) in extra.iter().enumerate() {
+        let value = share(sess, q, r, q.allocated[r] + e);
+        if value > result {
+            result = value;
+        }
+    }
+    result
+}
+
+fn over(q: &QueueState) -> bool {
+    let (fair, allocated) = (&q.fair_share, &q.allocated);
+    fair[0] < allocated[0] && fair[1] < allocated[1] && fair[2] < allocated[2]
+}
+
+fn zero_quota_wanted(q: &QueueState, with_request: &Amounts) -> bool {
+    (q.allocatable(0) == 0.0 && with_request[0] > 0.0)
+        || (q.allocatable(1) == 0.0 && with_request[1] > 0.0)
+        || (q.allocatable(2) == 0.0 && with_request[2] > 0.0)
+}
+
+/// Negative when `lq` goes first (kai-spec §5.1, queue_order.go). `*taken` are victims already
+/// taken from the queue (victim order only): they lower its dominant share.
+pub fn compare_queues(
+    sess: &Session,
+    lq: &QueueState,
+    rq: &QueueState,
+    lreq: Amounts,
+    rreq: Amounts,
+    ltaken: Amounts,
+    rtaken: Amounts,
+) -> i32 {
+    let (l_over, r_over) = (over(lq), over(rq));
+    if l_over != r_over {
+        return if l_over { 1 } else { -1 };
+    }
+    let (la, ra) = (&lq.allocated, &rq.allocated);
+    let l_with = [la[0] + lreq[0], la[1] + lreq[1], la[2] + lreq[2]];
+    let r_with = [ra[0] + rreq[0], ra[1] + rreq[1], ra[2] + rreq[2]];
+    let l_starved = leq(&l_with, &lq.deserved);
+    let r_starved = leq(&r_with, &rq.deserved);
+    if l_starved != r_starved {
+        return if l_starved { -1 } else { 1 };
+    }
+    if lq.priority != rq.priority {
+        return if lq.priority > rq.priority { -1 } else { 1 };
+    }
+    let (l_zero, r_zero) = (zero_quota_wanted(lq, &l_with), zero_quota_wanted(rq, &r_with));
+    if l_zero != r_zero {
+        return if l_zero { 1 } else { -1 };
+    }
+    let ls =
+        dominant_share(sess, lq, [lreq[0] - ltaken[0], lreq[1] - ltaken[1], lreq[2] - ltaken[2]]);
+    let rs =
+        dominant_share(sess, rq, [rreq[0] - rtaken[0], rreq[1] - rtaken[1], rreq[2] - rtaken[2]]);
+    if ls != rs {
+        return if ls < rs { -1 } else { 1 };
+    }
+    let (ls, rs) = (dominant_share(sess, lq, ZERO), dominant_share(sess, rq, ZERO));
+    if ls != rs {
+        return if ls < rs { -1 } else { 1 };
+    }
+    let lcap = [lq.allocatable(0), lq.allocatable(1), lq.allocatable(2)];
+    let rcap = [rq.allocatable(0), rq.allocatable(1), rq.allocatable(2)];
+    if leq(&lcap, &rcap) && !leq(&rcap, &lcap) {
+        return -1;
+    }
+    if leq(&rcap, &lcap) && !leq(&lcap, &rcap) {
+        return 1;
+    }
+    if lq.created != rq.created {
+        return if lq.created < rq.created { -1 } else { 1 };
+    }
+    match lq.name.cmp(&rq.name) {
+        std::cmp::Ordering::Less => -1,
+        std::cmp::Ordering::Greater => 1,
+        std::cmp::Ordering::Equal => 0,
+    }
+}
+
+/// What a JobQueue holds: jobs (in job order) or victim units (`sess.units`, victim order).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Items {
+    Jobs,
+    Units,
+}
+
+/// (order number, sequence, item): the sequence breaks ties in the order items came
+type Entry = (i64, u64, usize);
+type Heap = BinaryHeap<Reverse<Entry>>;
+
+/// Jobs waiting in a queue tree, popped in KAI order (or its reverse for victims).
+#[derive(Clone)]
+pub struct JobQueue {
+    pub items: Items,
+    pub reverse: bool,
+    pub simulation: bool,
+    taken: FxHashMap<usize, Amounts>,
+    /// popped victim items whose taken amount is not yet in `taken` (only needed when two
+    /// queues are compared)
+    untaken: Vec<usize>,
+    /// one heap per queue key, in the order the queues first got an item
+    heaps: Vec<(usize, Heap)>,
+    /// discarded items still in a heap: dropped when they reach its top
+    pub dead: FxHashSet<usize>,
+    seq: u64,
+}
+
+impl JobQueue {
+    pub fn new(
+        sess: &mut Session,
+        items: Items,
+        list: &[usize],
+        reverse: bool,
+        simulation: bool,
+    ) -> JobQueue {
+        let mut queue = JobQueue {
+            items,
+            reverse,
+            simulation,
+            taken: FxHashMap::default(),
+            untaken: Vec::new(),
+            heaps: Vec::new(),
+            dead: FxHashSet::default(),
+            seq: 0,
+        };
+        let sign = if reverse { -1 } else { 1 };
+        let mut entries: Vec<(usize, (i64, u64, usize))> = Vec::with_capacity(list.len());
+        for &item in list {
+            queue.seq += 1;
+            let number = queue.number(sess, item);
+            entries.push((queue.queue_key(sess, item), (sign * number, queue.seq, item)));
+        }
+        queue.fill(entries);
+        queue
+    }
+
+    /// A queue from entries made by a caller that has the order numbers at hand: per queue key
+    /// (order number negated for `reverse`, sequence 1, 2, ..., item).
+    pub fn prebuilt(
+        items: Items,
+        reverse: bool,
+        entries: Vec<(usize, (i64, u64, usize))>,
+    ) -> JobQueue {
+        let mut queue = JobQueue {
+            items,
+            reverse,
+            simulation: false,
+            taken: FxHashMap::default(),
+            untaken: Vec::new(),
+            heaps: Vec::new(),
+            dead: FxHashSet::default(),
+            seq: entries.len() as u64,
+        };
+        queue.fill(entries);
+        queue
+    }
+
+    fn fill(&mut self, entries: Vec<(usize, (i64, u64, usize))>) {
+        let mut lists: Vec<(usize, Vec<Reverse<Entry>>)> = Vec::new();
+        for (key, entry) in entries {
+            match lists.iter().position(|(k, _)| *k == key) {
+                Some(at) => lists[at].1.push(Reverse(entry)),
+                None => lists.push((key, vec![Reverse(entry)])),
+            }
+        }
+        for (key, list) in lists {
+            self.heaps.push((key, BinaryHeap::from(list)));
+        }
+    }
+
+    fn heap_mut(&mut self, key: usize) -> &mut Heap {
+        let at = match self.heaps.iter().position(|(k, _)| *k == key) {
+            Some(at) => at,
+            None => {
+                self.heaps.push((key, BinaryHeap::new()));
+                self.heaps.len() - 1
+            }
+        };
+        &mut self.heaps[at].1
+    }
+
+    fn number(&self, sess: &mut Session, item: usize) -> i64 {
+        match self.items {
+            Items::Jobs => sess.job_order_number(item),
+            Items::Units => crate::actions::victims::unit_order_number(sess, item),
+        }
+    }
+
+    fn job_of(&self, sess: &Session, item: usize) -> usize {
+        match self.items {
+            Items::Jobs => item,
+            Items::Units => sess.units[item].job,
+        }
+    }
+
+    fn queue_key(&self, sess: &Session, item: usize) -> usize {
+        sess.jobs[self.job_of(sess, item)].queue_key
+    }
+
+    /// Take `items` out without a pass over the heaps (they go when they reach the top; the
+    /// heaps are compacted once they are half dead).
+    pub fn discard(&mut self, items: &[usize]) {
+        self.dead.extend(items.iter().copied());
+        let size: usize = self.heaps.iter().map(|(_, h)| h.len()).sum();
+        if 2 * self.dead.len() > size {
+            let dead = std::mem::take(&mut self.dead);
+            for (_, heap) in self.heaps.iter_mut() {
+                heap.retain(|Reverse(e)| !dead.contains(&e.2));
+            }
+        }
+    }
+
+    fn drop_dead_tops(&mut self) {
+        for (_, heap) in self.heaps.iter_mut() {
+            while let Some(Reverse(top)) = heap.peek() {
+                if !self.dead.contains(&top.2) {
+                    break;
+                }
+                let item = top.2;
+                heap.pop();
+                self.dead.remove(&item);
+            }
+        }
+    }
+
+    /// The key of the item a one-queue `pop` returns next (None when empty).
+    pub fn top_key(&mut self) -> Option<i64> {
+        self.drop_dead_tops();
+        self.heaps.iter().find_map(|(_, h)| h.peek().map(|Reverse(e)| e.0))
+    }
+
+    /// How many queues still hold an item.
+    pub fn live_queue_count(&mut self) -> usize {
+        self.drop_dead_tops();
+        self.heaps.iter().filter(|(_, h)| !h.is_empty()).count()
+    }
+
+    pub fn push(&mut self, sess: &mut Session, item: usize) {
+        let number = self.number(sess, item);
+        let entry = if self.reverse { -number } else { number };
+        self.seq += 1;
+        let seq = self.seq;
+        let key = self.queue_key(sess, item);
+        self.heap_mut(key).push(Reverse((entry, seq, item)));
+    }
+
+    fn request(&self, sess: &mut Session, item: usize) -> Amounts {
+        // victims are compared on what their queue holds, not on what they still want
+        if self.reverse {
+            return ZERO;
+        }
+        job_request(sess, self.job_of(sess, item), self.simulation)
+    }
+
+    fn reachable(sess: &Session, key: usize) -> bool {
+        key < sess.queues.len() && {
+            let path = &sess.paths[key];
+            !path.is_empty() && sess.queues[path[path.len() - 1]].parent_id.is_none()
+        }
+    }
+
+    fn top_of(&self, key: usize) -> Option<usize> {
+        self.heaps.iter().find(|(k, _)| *k == key).and_then(|(_, h)| h.peek().map(|Reverse(e)| e.2))
+    }
+
+    /// The item that would pop next from `queue`'s subtree.
+    fn best_in(
+        &self,
+        sess: &mut Session,
+        queue: usize,
+        memo: &mut FxHashMap<usize, Option<usize>>,
+    ) -> Option<usize> {
+        if let Some(&known) = memo.get(&queue) {
+            return known;
+        }
+        let result = if sess.queues[queue].children.is_empty() {
+            self.top_of(queue)
+        } else {
+            let children = sess.queues[queue].children.clone();
+            self.pick(sess, &children, memo)
+        };
+        memo.insert(queue, result);
+        result
+    }
+
+    fn pick(
+        &self,
+        sess: &mut Session,
+        names: &[usize],
+        memo: &mut FxHashMap<usize, Option<usize>>,
+    ) -> Option<usize> {
+        let mut best: Option<(usize, usize)> = None; // (queue, item)
+        for &name in names {
+            let Some(cand) = self.best_in(sess, name, memo) else { continue };
+            let Some((best_name, best_item)) = best else {
+                best = Some((name, cand));
+                continue;
+            };
+            let lreq = self.request(sess, cand);
+            let rreq = self.request(sess, best_item);
+            let cmp = compare_queues(
+                sess,
+                &sess.queues[name],
+                &sess.queues[best_name],
+                lreq,
+                rreq,
+                self.taken.get(&name).copied().unwrap_or(ZERO),
+                self.taken.get(&best_name).copied().unwrap_or(ZERO),
+            );
+            if if self.reverse { cmp > 0 } else { cmp < 0 } {
+                best = Some((name, cand));
+            }
+        }
+        best.map(|(_, item)| item)
+    }
+
+    pub fn pop(&mut self, sess: &mut Session) -> Option<usize> {
+        if self.heaps.len() == 1 {
+            // one queue at all (a preemptor's victims): no tree walk, no comparisons
+            let key = self.heaps[0].0;
+            if !Self::reachable(sess, key) {
+                return None;
+            }
+            while let Some(Reverse((_, _, item))) = self.heaps[0].1.pop() {
+                if !self.dead.is_empty() && self.dead.remove(&item) {
+                    continue;
+                }
+                if self.reverse {
+                    self.untaken.push(item);
+                }
+                return Some(item);
+            }
+            return None;
+        }
+        if !self.dead.is_empty() {
+            self.drop_dead_tops();
+        }
+        let nonempty: Vec<usize> =
+            (0..self.heaps.len()).filter(|&i| !self.heaps[i].1.is_empty()).collect();
+        if nonempty.is_empty() {
+            return None;
+        }
+        if nonempty.len() == 1 {
+            // one queue holds everything (if the tree reaches it at all)
+            let at = nonempty[0];
+            if !Self::reachable(sess, self.heaps[at].0) {
+                return None;
+            }
+            let Reverse((_, _, item)) = self.heaps[at].1.pop()?;
+            if self.reverse {
+                self.untaken.push(item);
+            }
+            return Some(item);
+        }
+        self.account_taken(sess);
+        let roots = sess.root_queues().to_vec();
+        let mut memo = FxHashMap::default();
+        let picked = self.pick(sess, &roots, &mut memo)?;
+        let key = self.queue_key(sess, picked);
+        let Reverse((_, _, item)) = self.heap_mut(key).pop()?;
+        if self.reverse {
+            self.untaken.push(item);
+        }
+        Some(item)
+    }
+
+    fn account_taken(&mut self, sess: &Session) {
+        for item in std::mem::take(&mut self.untaken) {
+            let amount = match self.items {
+                Items::Units => crate::actions::victims::taken_amount(sess, item),
+                Items::Jobs => ZERO,
+            };
+            let job = self.job_of(sess, item);
+            for &q in sess.queue_path(sess.jobs[job].queue_id) {
+                let old = self.taken.get(&q).copied().unwrap_or(ZERO);
+                self.taken.insert(q, [old[0] + amount[0], old[1] + amount[1], old[2] + amount[2]]);
+            }
+        }
+    }
+}

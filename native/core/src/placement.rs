@@ -1,0 +1,675 @@
+//! Choosing a node (and GPU devices) for one task (kai_ray/core/placement.py): predicates and
+//! scores as KAI's plugins have them. A GPU task first looks up the nodes with GPU room in the
+//! session's index: a few are checked one by one, many are walked in binpack order; the pass
+//! over every node decides otherwise.
+
+use crate::constraints::{affinity_matches, untolerated, Taint};
+use crate::state::{NodeMasks, Session, MILLI};
+
+pub const R_GPU: &str = "didn't have enough resources: GPUs";
+pub const R_GPU_MEM: &str = "didn't have enough resources: GPU memory";
+pub const R_CPU: &str = "didn't have enough resources: CPU cores";
+pub const R_MEM: &str = "didn't have enough resources: memory";
+pub const R_PODS: &str = "pod number exceeded";
+pub const R_UNSCHED: &str = "were unschedulable";
+pub const R_SELECTOR: &str = "didn't match Pod's node affinity/selector";
+
+/// At most this many candidate nodes are checked one by one rather than all of them.
+const FEW: usize = 48;
+
+/// Where a task goes.
+#[derive(Clone, Debug)]
+pub struct Choice {
+    pub node: i32,
+    pub groups: Vec<u32>,
+    pub new_groups: Vec<u32>,
+    pub on_idle: bool,
+}
+
+/// Failed-predicate histogram: (reason, node count), in the order first seen.
+pub type Reasons = Vec<(String, i64)>;
+
+fn add_reason(reasons: &mut Reasons, reason: &str, count: i64) {
+    match reasons.iter_mut().find(|(r, _)| r == reason) {
+        Some(entry) => entry.1 += count,
+        None => reasons.push((reason.to_string(), count)),
+    }
+}
+
+/// The constraint's node masks, made on first use.
+pub fn masks(sess: &mut Session, constraints: usize) -> &NodeMasks {
+    if sess.masks[constraints].is_none() {
+        let c = &sess.constraints[constraints];
+        let selector = if c.node_selector.is_empty() && c.node_affinity.is_none() {
+            None
+        } else {
+            Some(
+                sess.nodes
+                    .iter()
+                    .map(|n| {
+                        c.node_selector.iter().all(|(k, v)| n.labels.get(k) == Some(v))
+                            && c.node_affinity
+                                .as_ref()
+                                .is_none_or(|terms| affinity_matches(terms, &n.name, &n.labels))
+                    })
+                    .collect(),
+            )
+        };
+        let (tolerated, per_taint) = if !sess.any_taints {
+            (None, Vec::new())
+        } else {
+            let first: Vec<Option<&Taint>> =
+                sess.nodes.iter().map(|n| untolerated(&n.taints, &c.tolerations)).collect();
+            let blocked = first.iter().any(|t| t.is_some());
+            let mut distinct: Vec<&Taint> = Vec::new();
+            for t in first.iter().flatten() {
+                if !distinct.contains(t) {
+                    distinct.push(t);
+                }
+            }
+            let per_taint = distinct
+                .iter()
+                .map(|taint| {
+                    (
+                        first.iter().map(|t| *t != Some(*taint)).collect(),
+                        format!("had untolerated taint {{{}: {}}}", taint.key, taint.value),
+                    )
+                })
+                .collect();
+            let tolerated =
+                if blocked { Some(first.iter().map(|t| t.is_none()).collect()) } else { None };
+            (tolerated, per_taint)
+        };
+        sess.masks[constraints] = Some(NodeMasks { selector, tolerated, per_taint });
+    }
+    sess.masks[constraints].as_ref().expect("masks")
+}
+
+fn device_order_spread(sess: &Session) -> bool {
+    match &sess.config.gpu_device_order {
+        Some(order) if !order.is_empty() => order == "gpuspread",
+        _ => sess.config.gpu_spread,
+    }
+}
+
+/// Existing groups the task fits on (idle or releasing) and the node's idle / releasing whole
+/// devices that could become new shared devices.
+fn shared_candidates(sess: &Session, task: usize, node: i32) -> (Vec<usize>, i64, i64) {
+    let cost = sess.device_cost(&sess.tasks[task].req, node);
+    let n = node as usize;
+    let fitting = sess.groups[n]
+        .iter()
+        .enumerate()
+        .filter(|(_, g)| MILLI - g.used + g.releasing - cost >= 0 && g.releasing < g.used)
+        .map(|(i, _)| i)
+        .collect();
+    (fitting, sess.cap_gpu[n] - sess.used_gpu[n], sess.rel_gpu[n])
+}
+
+/// (fits with releasing, fits on idle, failed-predicate histogram) over all nodes; the
+/// histogram (first failing predicate per node) only with `explain`.
+#[allow(clippy::needless_range_loop)] // node arrays side by side, by node index
+pub fn feasible(sess: &mut Session, task: usize, explain: bool) -> (Vec<bool>, Vec<bool>, Reasons) {
+    let req = sess.tasks[task].req;
+    let constraints = sess.tasks[task].constraints;
+    let count = sess.nodes.len();
+    let m = masks(sess, constraints).clone();
+    let sess = &*sess;
+    let mut ok = sess.schedulable.clone();
+    let mut idle_ok = vec![true; count];
+    let mut reasons: Reasons = Vec::new();
+    if explain {
+        add_reason(&mut reasons, R_UNSCHED, ok.iter().filter(|&&o| !o).count() as i64);
+    }
+    let apply =
+        |ok: &mut Vec<bool>, reasons: &mut Reasons, reason: &str, pass: &dyn Fn(usize) -> bool| {
+            let mut failed = 0;
+            for n in 0..count {
+                if ok[n] && !pass(n) {
+                    failed += 1;
+                    ok[n] = false;
+                }
+            }
+            if explain && failed > 0 {
+                add_reason(reasons, reason, failed);
+            }
+        };
+    for (mask, reason) in &m.per_taint {
+        apply(&mut ok, &mut reasons, reason, &|n| mask[n]);
+    }
+    if let Some(sel) = &m.selector {
+        apply(&mut ok, &mut reasons, R_SELECTOR, &|n| sel[n]);
+    }
+    if req.cpu_m != 0 {
+        apply(&mut ok, &mut reasons, R_CPU, &|n| {
+            sess.cap_cpu[n] - sess.used_cpu[n] + sess.rel_cpu[n] >= req.cpu_m
+        });
+        for n in 0..count {
+            idle_ok[n] = idle_ok[n] && sess.cap_cpu[n] - sess.used_cpu[n] >= req.cpu_m;
+        }
+    }
+    if req.memory != 0 {
+        apply(&mut ok, &mut reasons, R_MEM, &|n| {
+            sess.cap_mem[n] - sess.used_mem[n] + sess.rel_mem[n] >= req.memory
+        });
+        for n in 0..count {
+            idle_ok[n] = idle_ok[n] && sess.cap_mem[n] - sess.used_mem[n] >= req.memory;
+        }
+    }
+    if req.gpus != 0 {
+        apply(&mut ok, &mut reasons, R_GPU, &|n| {
+            sess.cap_gpu[n] - sess.used_gpu[n] + sess.rel_gpu[n] >= req.gpus
+        });
+        for n in 0..count {
+            idle_ok[n] = idle_ok[n] && sess.cap_gpu[n] - sess.used_gpu[n] >= req.gpus;
+        }
+    }
+    apply(&mut ok, &mut reasons, R_PODS, &|n| sess.used_pods[n] < sess.max_pods[n]);
+    if req.is_shared() {
+        if req.gpu_memory_mib != 0 {
+            apply(&mut ok, &mut reasons, R_GPU_MEM, &|n| {
+                sess.gpu_mem_synced[n] && sess.gpu_mem[n] >= req.gpu_memory_mib
+            });
+        }
+        let groups_fit = |n: usize| -> (i64, i64) {
+            let cost = cost_at(sess, &req, n);
+            let (mut fit, mut idle) = (0, 0);
+            for g in &sess.groups[n] {
+                if g.releasing < g.used {
+                    if MILLI - g.used + g.releasing - cost >= 0 {
+                        fit += 1;
+                    }
+                    if MILLI - g.used - cost >= 0 {
+                        idle += 1;
+                    }
+                }
+            }
+            (fit, idle)
+        };
+        let wholes = |n: usize| -> (i64, i64) {
+            // a new shared device also needs a slot for its reservation pod
+            if sess.used_pods[n] + 2 <= sess.max_pods[n] {
+                (sess.cap_gpu[n] - sess.used_gpu[n], sess.rel_gpu[n])
+            } else {
+                (0, 0)
+            }
+        };
+        apply(&mut ok, &mut reasons, R_GPU, &|n| {
+            let (fit, _) = groups_fit(n);
+            let (idle_whole, rel_whole) = wholes(n);
+            fit + idle_whole + rel_whole >= req.fraction_devices
+        });
+        for n in 0..count {
+            let (_, idle) = groups_fit(n);
+            let (idle_whole, _) = wholes(n);
+            idle_ok[n] = idle_ok[n] && idle + idle_whole >= req.fraction_devices;
+        }
+    }
+    let fits_idle: Vec<bool> = (0..count).map(|n| ok[n] && idle_ok[n]).collect();
+    reasons.retain(|(_, c)| *c != 0);
+    (ok, fits_idle, reasons)
+}
+
+/// (fits, fits on idle) on one node, without touching the others.
+pub fn fits_node(sess: &mut Session, task: usize, node: i32) -> (bool, bool) {
+    let n = node as usize;
+    if !sess.schedulable[n] || sess.used_pods[n] >= sess.max_pods[n] {
+        return (false, false);
+    }
+    let constraints = sess.tasks[task].constraints;
+    if constraints != 0 || sess.any_taints {
+        let m = masks(sess, constraints);
+        if m.selector.as_ref().is_some_and(|sel| !sel[n]) {
+            return (false, false);
+        }
+        if m.tolerated.as_ref().is_some_and(|tol| !tol[n]) {
+            return (false, false);
+        }
+    }
+    let req = sess.tasks[task].req;
+    let idle_cpu = sess.cap_cpu[n] - sess.used_cpu[n];
+    let idle_mem = sess.cap_mem[n] - sess.used_mem[n];
+    if idle_cpu + sess.rel_cpu[n] < req.cpu_m || idle_mem + sess.rel_mem[n] < req.memory {
+        return (false, false);
+    }
+    let idle = idle_cpu >= req.cpu_m && idle_mem >= req.memory;
+    let idle_gpu = sess.cap_gpu[n] - sess.used_gpu[n];
+    if req.gpus != 0 {
+        if idle_gpu + sess.rel_gpu[n] < req.gpus {
+            return (false, false);
+        }
+        return (true, idle && idle_gpu >= req.gpus);
+    }
+    if req.is_shared() {
+        if req.gpu_memory_mib != 0
+            && !(sess.gpu_mem_synced[n] && sess.gpu_mem[n] >= req.gpu_memory_mib)
+        {
+            return (false, false);
+        }
+        let (fitting, mut idle_whole, mut rel_whole) = shared_candidates(sess, task, node);
+        if sess.used_pods[n] + 2 > sess.max_pods[n] {
+            idle_whole = 0;
+            rel_whole = 0;
+        }
+        if fitting.len() as i64 + idle_whole + rel_whole < req.fraction_devices {
+            return (false, false);
+        }
+        let cost = sess.device_cost(&req, node);
+        let idle_groups =
+            fitting.iter().filter(|&&i| MILLI - sess.groups[n][i].used - cost >= 0).count() as i64;
+        return (true, idle && idle_groups + idle_whole >= req.fraction_devices);
+    }
+    (true, idle)
+}
+
+pub fn sharing_bonus_on(sess: &Session, task: usize, node: i32) -> bool {
+    let req = &sess.tasks[task].req;
+    if sess.config.gpu_spread || req.gpus != 0 {
+        return false;
+    }
+    let cost = if req.is_shared() { sess.device_cost(req, node) } else { 0 };
+    sess.groups[node as usize]
+        .iter()
+        .any(|g| g.used < MILLI && MILLI - g.used + g.releasing - cost >= 0)
+}
+
+/// Whether the binpack fast path applies (common.rs).
+pub fn sticky_allowed(sess: &Session, task: usize) -> bool {
+    let spread = if sess.tasks[task].req.wants_gpu() {
+        sess.config.gpu_spread
+    } else {
+        sess.config.cpu_spread
+    };
+    !spread
+}
+
+fn scores(sess: &Session, task: usize, fits: &[bool], fits_idle: &[bool]) -> Vec<f64> {
+    let req = sess.tasks[task].req;
+    let count = sess.nodes.len();
+    let (free, total, spread): (Vec<f64>, Vec<f64>, bool) = if req.wants_gpu() {
+        (
+            (0..count).map(|n| sess.free_gpu_at(n) as f64).collect(),
+            sess.cap_gpu.iter().map(|&v| v as f64).collect(),
+            sess.config.gpu_spread,
+        )
+    } else {
+        (
+            (0..count).map(|n| sess.free_cpu_at(n) as f64).collect(),
+            sess.cap_cpu.iter().map(|&v| v as f64).collect(),
+            sess.config.cpu_spread,
+        )
+    };
+    let base: Vec<f64> = if spread {
+        (0..count).map(|n| if total[n] > 0.0 { free[n] / total[n] } else { 0.0 }).collect()
+    } else {
+        let mut range: Option<(f64, f64)> = None;
+        for n in 0..count {
+            if sess.schedulable[n] && total[n] > 0.0 {
+                range = Some(match range {
+                    None => (free[n], free[n]),
+                    Some((lo, hi)) => (lo.min(free[n]), hi.max(free[n])),
+                });
+            }
+        }
+        match range {
+            Some((lo, hi)) => (0..count)
+                .map(|n| {
+                    if total[n] <= 0.0 {
+                        0.0
+                    } else if hi == lo {
+                        9.0
+                    } else {
+                        9.0 * (1.0 - (free[n] - lo) / (hi - lo))
+                    }
+                })
+                .collect(),
+            None => vec![0.0; count],
+        }
+    };
+    let bonus = !sess.config.gpu_spread && req.gpus == 0;
+    (0..count)
+        .map(|n| {
+            let mut score = base[n] + if fits_idle[n] { 100.0 } else { 0.0 };
+            if !req.wants_gpu() {
+                score += if sess.cap_gpu[n] == 0 { 10.0 } else { 0.0 };
+            }
+            if bonus {
+                let on = fits[n] && partly_fits(sess, &req, n);
+                score += 1000.0 * if on { 1.0 } else { 0.0 };
+            }
+            score
+        })
+        .collect()
+}
+
+/// Milli of a device the task takes on node `n`, in integers as the Python's vector of them
+/// has it (gpu-memory depends on the node).
+fn cost_at(sess: &Session, req: &crate::model::Request, n: usize) -> i64 {
+    if req.gpu_fraction_milli != 0 {
+        req.gpu_fraction_milli
+    } else if req.gpu_memory_mib != 0 {
+        -(-req.gpu_memory_mib * MILLI).div_euclid(sess.gpu_mem[n])
+    } else {
+        0
+    }
+}
+
+/// A partly used shared device of the node fits the task (gpusharingorder).
+fn partly_fits(sess: &Session, req: &crate::model::Request, n: usize) -> bool {
+    let cost = cost_at(sess, req, n);
+    sess.groups[n].iter().any(|g| g.used < MILLI && MILLI - g.used + g.releasing - cost >= 0)
+}
+
+/// Shared devices for a fractional task on `node`: (groups, new groups, all on idle).
+pub fn choose_devices(sess: &mut Session, task: usize, node: i32) -> (Vec<u32>, Vec<u32>, bool) {
+    let req = sess.tasks[task].req;
+    let cost = sess.device_cost(&req, node);
+    let (fitting, idle_whole, rel_whole) = shared_candidates(sess, task, node);
+    let pack = !device_order_spread(sess);
+    let n = node as usize;
+    let mut sorted = fitting;
+    sorted.sort_by(|&a, &b| {
+        sess.gids[sess.groups[n][a].gid as usize].cmp(&sess.gids[sess.groups[n][b].gid as usize])
+    });
+    // (score, order, group id or a new device, on idle)
+    let mut cands: Vec<(f64, usize, Option<u32>, bool)> = Vec::new();
+    for (order, &i) in sorted.iter().enumerate() {
+        let g = &sess.groups[n][i];
+        let used = g.used as f64 / MILLI as f64;
+        let score = if pack { used } else { 1.0 - used };
+        cands.push((score, order, Some(g.gid), MILLI - g.used - cost >= 0));
+    }
+    let base = cands.len();
+    for i in 0..(idle_whole + rel_whole).max(0) {
+        cands.push((if pack { 0.0 } else { 1.0 }, base + i as usize, None, i < idle_whole));
+    }
+    cands.sort_by(|a, b| {
+        (-a.0).partial_cmp(&-b.0).unwrap_or(std::cmp::Ordering::Equal).then(a.1.cmp(&b.1))
+    });
+    let mut groups = Vec::new();
+    let mut new = Vec::new();
+    let mut on_idle = true;
+    for &(_, _, gid, idle) in cands.iter().take(req.fraction_devices.max(0) as usize) {
+        on_idle = on_idle && idle;
+        let gid = match gid {
+            Some(g) => g,
+            None => {
+                let g = sess.new_group_id(node, &new);
+                new.push(g);
+                g
+            }
+        };
+        groups.push(gid);
+    }
+    (groups, new, on_idle)
+}
+
+/// Best node for `task`, or None with the failed-predicate histogram (empty unless
+/// `explain`). A virtually evicted victim is placed like any task.
+pub fn choose(sess: &mut Session, task: usize, explain: bool) -> (Option<Choice>, Reasons) {
+    let req = sess.tasks[task].req;
+    if req.gpus != 0 {
+        let (few, order) = whole_candidates(sess, req.gpus);
+        if few {
+            let mut nodes = order;
+            nodes.sort();
+            return choose_among(sess, task, &nodes, explain);
+        }
+        if let Some(packed) = binpack_whole(sess, task, &order) {
+            return (Some(packed), Vec::new());
+        }
+    } else if req.gpu_fraction_milli != 0 {
+        if let Some(nodes) = few_fraction_candidates(sess, req.gpu_fraction_milli) {
+            return choose_among(sess, task, &nodes, explain);
+        }
+    }
+    let cand = gpu_candidates(sess, task);
+    if let Some(cand) = &cand {
+        if cand.len() <= FEW {
+            return choose_among(sess, task, cand, explain);
+        }
+        if let Some(packed) = binpack_fraction(sess, task, cand) {
+            return (Some(packed), Vec::new());
+        }
+    }
+    let (fits, fits_idle, _) = feasible(sess, task, false);
+    let fitting: Vec<usize> = (0..fits.len()).filter(|&n| fits[n]).collect();
+    if fitting.is_empty() {
+        let reasons = if explain { feasible(sess, task, true).2 } else { Vec::new() };
+        return (None, reasons);
+    }
+    let node = if fitting.len() == 1 {
+        fitting[0]
+    } else {
+        let score = scores(sess, task, &fits, &fits_idle);
+        let mut best = fitting[0];
+        for &n in &fitting[1..] {
+            if score[n] > score[best] {
+                best = n;
+            }
+        }
+        best
+    };
+    (Some(place_on(sess, task, node as i32, fits_idle[node])), Vec::new())
+}
+
+/// The nodes with `gpus` free whole GPUs or more, in binpack walk order (by free GPUs, then
+/// node). (few, nodes): when there are more than FEW, only the first FEW + 1.
+fn whole_candidates(sess: &Session, gpus: i64) -> (bool, Vec<i32>) {
+    let total: usize = sess.by_free.range(gpus..).map(|(_, nodes)| nodes.len()).sum();
+    if total <= FEW {
+        return (
+            true,
+            sess.by_free.range(gpus..).flat_map(|(_, nodes)| nodes.iter().copied()).collect(),
+        );
+    }
+    let mut order = Vec::new();
+    for (_, nodes) in sess.by_free.range(gpus..) {
+        let room = FEW + 1 - order.len();
+        order.extend(nodes.iter().take(room).copied());
+        if order.len() > FEW {
+            break;
+        }
+    }
+    (false, order)
+}
+
+/// The nodes with a shared device with `cost` room or a free whole GPU, in node order, when
+/// there are at most FEW of them.
+fn few_fraction_candidates(sess: &Session, cost: i64) -> Option<Vec<i32>> {
+    let rooms: usize = sess.by_room.range(cost..).map(|(_, n)| n.len()).sum();
+    let wholes: usize = sess.by_free.values().map(|n| n.len()).sum();
+    if rooms + wholes > FEW {
+        return None;
+    }
+    let mut found: Vec<i32> = Vec::with_capacity(rooms + wholes);
+    for (_, nodes) in sess.by_room.range(cost..) {
+        found.extend(nodes.iter().copied());
+    }
+    for nodes in sess.by_free.values() {
+        found.extend(nodes.iter().copied());
+    }
+    found.sort_unstable();
+    found.dedup();
+    Some(found)
+}
+
+/// The nodes with GPU room for a fractional task (gpu-fraction only), from the room index.
+fn gpu_candidates(sess: &Session, task: usize) -> Option<Vec<i32>> {
+    let req = &sess.tasks[task].req;
+    if req.gpus != 0 || req.gpu_fraction_milli == 0 {
+        return None;
+    }
+    Some(
+        (0..sess.nodes.len())
+            .filter(|&n| sess.dev_room_at[n] >= req.gpu_fraction_milli || sess.gpu_free_at[n] >= 1)
+            .map(|n| n as i32)
+            .collect(),
+    )
+}
+
+enum IdleAfter<'a> {
+    /// whole GPUs: nodes with that many idle GPUs in all, against those among the first k
+    Whole { idle_fits: i64, order: &'a [i32] },
+    /// a walk over a sorted array of nodes: could any from position k on fit on idle?
+    Array { order: &'a [i32] },
+}
+
+fn idle_after(sess: &Session, task: usize, how: &IdleAfter<'_>, k: usize) -> bool {
+    match how {
+        IdleAfter::Whole { idle_fits, order } => {
+            let gpus = sess.tasks[task].req.gpus;
+            *idle_fits
+                > order[..k.min(order.len())]
+                    .iter()
+                    .filter(|&&n| sess.idle_at[n as usize] >= gpus)
+                    .count() as i64
+        }
+        IdleAfter::Array { order } => may_fit_on_idle(sess, task, &order[k.min(order.len())..]),
+    }
+}
+
+fn binpack_whole(sess: &mut Session, task: usize, order: &[i32]) -> Option<Choice> {
+    if sess.config.gpu_spread || sess.free_counts.is_empty() {
+        return None;
+    }
+    let gpus = sess.tasks[task].req.gpus;
+    let idle_fits: i64 = sess.idle_counts.range(gpus..).map(|(_, c)| *c).sum();
+    walk(sess, task, order, &IdleAfter::Whole { idle_fits, order }, true).0
+}
+
+/// The binpack winner among nodes in `order` (by free GPUs, then node): the first node that
+/// fits on idle resources; when none can, the first that fits at all. (choice, settled).
+fn walk(
+    sess: &mut Session,
+    task: usize,
+    order: &[i32],
+    how: &IdleAfter<'_>,
+    more: bool,
+) -> (Option<Choice>, bool) {
+    let mut first_fit: Option<i32> = None;
+    for (j, &node) in order.iter().take(FEW).enumerate() {
+        let (fits, idle) = fits_node(sess, task, node);
+        if fits && idle {
+            return (Some(place_on(sess, task, node, true)), true);
+        }
+        if fits && first_fit.is_none() {
+            first_fit = Some(node);
+            if !idle_after(sess, task, how, j + 1) {
+                return (Some(place_on(sess, task, node, false)), true);
+            }
+        }
+    }
+    if let Some(node) = first_fit {
+        if !idle_after(sess, task, how, FEW) {
+            return (Some(place_on(sess, task, node, false)), true);
+        }
+    }
+    (None, first_fit.is_none() && !more)
+}
+
+fn walk_array(sess: &mut Session, task: usize, nodes: &[i32]) -> (Option<Choice>, bool) {
+    let mut order = nodes.to_vec();
+    order.sort_by_key(|&n| (sess.gpu_free_at[n as usize], n));
+    let more = order.len() > FEW;
+    let head: Vec<i32> = order.iter().take(FEW + 1).copied().collect();
+    walk(sess, task, &head, &IdleAfter::Array { order: &order }, more)
+}
+
+/// Whether the task's GPUs could fit on idle resources on any of `nodes`.
+fn may_fit_on_idle(sess: &Session, task: usize, nodes: &[i32]) -> bool {
+    let req = &sess.tasks[task].req;
+    nodes.iter().any(|&node| {
+        let n = node as usize;
+        let idle_whole = sess.cap_gpu[n] - sess.used_gpu[n];
+        if req.gpus != 0 {
+            return idle_whole >= req.gpus;
+        }
+        let idle_groups = sess.groups[n]
+            .iter()
+            .filter(|g| g.releasing < g.used && MILLI - g.used - req.gpu_fraction_milli >= 0)
+            .count() as i64;
+        idle_whole + idle_groups >= req.fraction_devices
+    })
+}
+
+fn binpack_fraction(sess: &mut Session, task: usize, cand: &[i32]) -> Option<Choice> {
+    let cost = sess.tasks[task].req.gpu_fraction_milli;
+    if cost == 0 || sess.config.gpu_spread || sess.free_counts.is_empty() {
+        return None;
+    }
+    let sharing: Vec<i32> = (0..sess.nodes.len())
+        .filter(|&n| sess.share_room_at[n] >= cost)
+        .map(|n| n as i32)
+        .collect();
+    if !sharing.is_empty() {
+        let (picked, settled) = walk_array(sess, task, &sharing);
+        if picked.is_some() || !settled {
+            return picked;
+        }
+    }
+    walk_array(sess, task, cand).0
+}
+
+/// `choose` over a few candidate nodes, one by one: the same predicates and scores as the
+/// pass over every node, in the same float arithmetic, ties to the first.
+fn choose_among(
+    sess: &mut Session,
+    task: usize,
+    nodes: &[i32],
+    explain: bool,
+) -> (Option<Choice>, Reasons) {
+    let mut fitting: Vec<(i32, bool)> = Vec::new();
+    for &node in nodes {
+        let (fits, idle) = fits_node(sess, task, node);
+        if fits {
+            fitting.push((node, idle));
+        }
+    }
+    if fitting.is_empty() {
+        let reasons = if explain { feasible(sess, task, true).2 } else { Vec::new() };
+        return (None, reasons);
+    }
+    if fitting.len() == 1 {
+        let (node, idle) = fitting[0];
+        return (Some(place_on(sess, task, node, idle)), Vec::new());
+    }
+    let spread = sess.config.gpu_spread;
+    let (mut lo, mut hi) = (0i64, 0i64);
+    if !spread && !sess.free_counts.is_empty() {
+        lo = *sess.free_counts.keys().next().expect("min");
+        hi = *sess.free_counts.keys().next_back().expect("max");
+    }
+    let bonus = !spread && sess.tasks[task].req.gpus == 0;
+    let mut best: Option<(f64, i32, bool)> = None;
+    for &(node, idle) in &fitting {
+        let n = node as usize;
+        let (free, total) = (sess.gpu_free_at[n] as f64, sess.cap_gpu[n] as f64);
+        let base = if total <= 0.0 {
+            0.0
+        } else if spread {
+            free / total
+        } else if hi == lo {
+            9.0
+        } else {
+            9.0 * (1.0 - (free - lo as f64) / (hi as f64 - lo as f64))
+        };
+        let mut score = base + if idle { 100.0 } else { 0.0 };
+        if bonus {
+            score += 1000.0 * if sharing_bonus_on(sess, task, node) { 1.0 } else { 0.0 };
+        }
+        if best.is_none_or(|(s, _, _)| score > s) {
+            best = Some((score, node, idle));
+        }
+    }
+    let (_, node, idle) = best.expect("a fitting node");
+    (Some(place_on(sess, task, node, idle)), Vec::new())
+}
+
+pub fn place_on(sess: &mut Session, task: usize, node: i32, on_idle: bool) -> Choice {
+    if sess.tasks[task].req.is_shared() {
+        let (groups, new_groups, devices_idle) = choose_devices(sess, task, node);
+        return Choice { node, groups, new_groups, on_idle: devices_idle && on_idle };
+    }
+    Choice { node, groups: Vec::new(), new_groups: Vec::new(), on_idle }
+}

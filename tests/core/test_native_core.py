@@ -1,0 +1,379 @@
+"""The Rust core (native/, `kai_ray_native`) takes the same decisions as the Python core, the
+reference: every field of the CycleResult (binds, pipelined pods, evictions and their
+messages, every pending job's reason and message, queue numbers, every pod's outcome, stale
+stamps) is compared, on the synthetic benchmark clusters, on every conformance case round by
+round, and on random clusters (hypothesis) that use what the benchmark does not: subgroups and
+replicas, taints, selectors and affinity, gpu-memory and multi-device fractions, releasing and
+gated pods, queue trees with limits and missing queues, min runtimes, stale gangs, every
+placement option. The first run builds the module (cargo; cached per version of its sources)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from kai_ray.core import schedule as core_schedule
+from kai_ray.core.constraints import Requirement, Taint, Toleration
+from kai_ray.core.model import (
+    Job,
+    Node,
+    NodePlacement,
+    Pod,
+    PodStatus,
+    Queue,
+    Request,
+    ResourceQuota,
+    SchedulerConfig,
+    Snapshot,
+    SubGroup,
+)
+from kai_ray.core.result import CycleResult
+from kai_ray.core.schedule import schedule
+from kai_ray.sim import runner
+from kai_ray.sim.scenario import load
+from kai_ray.sim.synthetic import busy_cluster, cluster
+from kai_ray.testing import native_core
+
+SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def native() -> None:
+    native_core.use(native_core.build())
+    assert core_schedule.native_core() is not None
+
+
+def _fields(result: CycleResult) -> dict[str, object]:
+    out = {f.name: getattr(result, f.name) for f in dataclasses.fields(result)}
+    out.pop("action_seconds")
+    return out
+
+
+def assert_same(native: CycleResult, python: CycleResult) -> None:
+    a, b = _fields(native), _fields(python)
+    for name in b:
+        assert a[name] == b[name], f"{name} differs"
+        if isinstance(b[name], dict):  # the same keys in the same order
+            assert list(a[name]) == list(b[name]), f"{name}: order differs"  # type: ignore[arg-type]
+
+
+def both(snapshot: Snapshot, config: SchedulerConfig, now: float) -> CycleResult:
+    native = schedule(snapshot, config, now, core="native")
+    python = schedule(snapshot, config, now, core="python")
+    assert_same(native, python)
+    return native
+
+
+@pytest.mark.parametrize(("kind", "size", "seed"),
+                         [("issue", 60, 1), ("issue", 150, 2), ("issue", 400, 3), ("busy", 150, 1)])
+def test_synthetic_cycles_take_the_same_decisions(kind: str, size: int, seed: int) -> None:
+    snapshot = (busy_cluster if kind == "busy" else cluster)(size, seed=seed)
+    result = both(snapshot, SchedulerConfig(), 0.0)
+    assert result.evictions and result.binds  # the solver ran
+
+
+def _cases() -> list[object]:
+    return [pytest.param(s, id=s.id) for path in sorted(SCENARIOS.glob("*.yaml"))
+            for s in load(path) if s.run != "fairshare_only"]
+
+
+@pytest.mark.parametrize("scenario", _cases())
+def test_conformance_cases_same_decisions_every_round(scenario) -> None:  # type: ignore[no-untyped-def]
+    outcomes = {}
+    for core in ("python", "native"):
+        before = core_schedule.set_default_core(core)
+        try:
+            outcomes[core] = runner.run(scenario)
+        finally:
+            core_schedule.set_default_core(before)
+    native, python = outcomes["native"], outcomes["python"]
+    assert len(native.rounds) == len(python.rounds)
+    for a, b in zip(native.rounds, python.rounds, strict=True):
+        assert_same(a, b)
+    assert native.history == python.history
+    assert runner.check(scenario, native) == []
+
+
+def test_native_refuses_what_it_does_not_take() -> None:
+    snapshot = cluster(10)
+    with pytest.raises(ValueError, match='gpu_packing "lookahead"'):
+        schedule(snapshot, SchedulerConfig(gpu_packing="lookahead"), 0.0, core="native")
+    # "auto" hands it to the Python core instead
+    auto = schedule(snapshot, SchedulerConfig(gpu_packing="lookahead"), 0.0)
+    assert_same(auto, schedule(snapshot, SchedulerConfig(gpu_packing="lookahead"), 0.0,
+                               core="python"))
+    twice = dataclasses.replace(snapshot, jobs=snapshot.jobs + snapshot.jobs[-1:])
+    with pytest.raises(ValueError, match="two jobs are named"):
+        schedule(twice, SchedulerConfig(), 0.0, core="native")
+    with pytest.raises(ValueError, match="unknown action"):
+        schedule(snapshot, SchedulerConfig(actions=("allocate", "nope")), 0.0, core="native")
+    with pytest.raises(ValueError, match="core: expected one of"):
+        schedule(snapshot, SchedulerConfig(), 0.0, core="rust")  # type: ignore[arg-type]
+
+
+def test_clock_times_each_action() -> None:
+    ticks = iter(range(100))
+    result = schedule(cluster(20), SchedulerConfig(), 0.0, clock=lambda: float(next(ticks)),
+                      core="native")
+    assert result.action_seconds == {a: 1.0 for a in SchedulerConfig().actions}
+
+
+# ------------------------------------------------------------------ random clusters
+
+OPEN = ResourceQuota(-1, -1, 1)
+ZONES = ("a", "b")
+
+
+@st.composite
+def requests(draw):  # type: ignore[no-untyped-def]
+    kind = draw(st.sampled_from(["whole", "whole", "fraction", "fraction", "memory", "cpu"]))
+    cpu = draw(st.sampled_from([0, 500, 1000, 4000]))
+    mem = draw(st.sampled_from([0, 10**9, 4 * 10**9]))
+    if kind == "whole":
+        return Request(cpu_m=cpu, memory=mem, gpus=draw(st.integers(1, 4)))
+    if kind == "fraction":
+        return Request(cpu_m=cpu, memory=mem,
+                       gpu_fraction_milli=draw(st.sampled_from([200, 250, 300, 500, 700])),
+                       fraction_devices=draw(st.sampled_from([1, 1, 1, 2, 3])))
+    if kind == "memory":
+        return Request(cpu_m=cpu, memory=mem,
+                       gpu_memory_mib=draw(st.sampled_from([2000, 8000, 20000])),
+                       fraction_devices=draw(st.sampled_from([1, 1, 2])))
+    return Request(cpu_m=max(cpu, 100), memory=mem)
+
+
+TAINTS = (Taint("nvidia.com/gpu", "present"), Taint("dedicated", "ml", "NoExecute"),
+          Taint("soft", "x", "PreferNoSchedule"))
+TOLERATIONS = ((Toleration("nvidia.com/gpu", "Exists"),),
+               (Toleration("dedicated", "Equal", "ml", "NoExecute"),),
+               (Toleration(operator="Exists"),))
+AFFINITY = (((Requirement("zone", "In", ("a",)),),),
+            ((Requirement("zone", "NotIn", ("a",)),), (Requirement("gpu", "Exists"),)),
+            ((Requirement("metadata.name", "In", ("n0", "n2"), field=True),),),
+            ((Requirement("rank", "Gt", ("1",)),),))
+
+
+@st.composite
+def nodes_of(draw):  # type: ignore[no-untyped-def]
+    out = []
+    for i in range(draw(st.integers(1, 4))):
+        gpus = draw(st.sampled_from([0, 2, 4, 4, 8]))
+        labels = [("zone", draw(st.sampled_from(ZONES))), ("rank", str(i))]
+        if gpus:
+            labels.append(("gpu", "yes"))
+        rare = draw(st.integers(0, 9))
+        out.append(Node(
+            name=f"n{i}", cpu_m=draw(st.sampled_from([8000, 16000, 64000])),
+            memory=draw(st.sampled_from([32, 64, 256])) * 10**9, gpus=gpus,
+            gpu_memory_mib=draw(st.sampled_from([16000, 40000, 81920])),
+            gpu_memory_synced=rare != 1, max_pods=draw(st.sampled_from([4, 8, 110])),
+            labels=tuple(labels), ready=rare != 2, unschedulable=rare == 3,
+            foreign_cpu_m=1000 if rare == 4 else 0, foreign_gpus=1 if rare == 4 and gpus else 0,
+            foreign_pods=1 if rare == 4 else 0,
+            taints=(draw(st.sampled_from(TAINTS)),) if rare in (5, 6) else ()))
+    return tuple(out)
+
+
+@st.composite
+def queues_of(draw):  # type: ignore[no-untyped-def]
+    queues = [Queue("root", gpu=ResourceQuota(-1, -1, 1), cpu=OPEN, memory=OPEN)]
+    nested = draw(st.booleans())
+    if nested:
+        queues.append(Queue("dept", parent="root", priority=draw(st.sampled_from([100, 50])),
+                            gpu=ResourceQuota(draw(st.sampled_from([-1.0, 4.0])), -1, 1),
+                            cpu=OPEN, memory=OPEN, created=0.5))
+    leaves = []
+    for i in range(draw(st.integers(1, 4))):
+        parent = "dept" if nested and i % 2 else "root"
+        limit = draw(st.sampled_from([-1.0, -1.0, -1.0, -1.0, 4.0, 8.0, 0.0]))
+        quota = draw(st.sampled_from([0.0, 2.0, 4.0, 8.0, -1.0]))
+        cpu = draw(st.sampled_from([OPEN, OPEN, OPEN, ResourceQuota(8000, 64000, 1)]))
+        queues.append(Queue(
+            f"q{i}", parent=parent, priority=draw(st.sampled_from([100, 100, 50, 125])),
+            gpu=ResourceQuota(quota, limit, draw(st.sampled_from([0.0, 1.0, 2.0]))),
+            cpu=cpu, memory=OPEN, created=float(i),
+            preempt_min_runtime_s=draw(st.sampled_from([None, None, 0.0, 30.0])),
+            reclaim_min_runtime_s=draw(st.sampled_from([None, None, 10.0]))))
+        leaves.append(f"q{i}")
+    if draw(st.integers(0, 5)) == 0:
+        queues.append(Queue("orphan", parent="gone", gpu=OPEN, cpu=OPEN, memory=OPEN))
+    return tuple(queues), leaves
+
+
+@st.composite
+def jobs_of(draw, prefix: str, leaves: list[str], t0: float):  # type: ignore[no-untyped-def]
+    jobs = []
+    for j in range(draw(st.integers(2, 10))):
+        name = f"{prefix}{j}"
+        queue = draw(st.sampled_from(leaves))
+        rare = draw(st.integers(0, 29))
+        if rare == 0:
+            queue = "missing"
+        elif rare == 1:
+            queue = "root"  # not a leaf
+        # later work outranks earlier more often: preemption
+        priority = draw(st.sampled_from([50, 50, 75, 100] if t0 == 0 else [50, 75, 100, 125]))
+        constraints: dict[str, object] = {}
+        pick = draw(st.integers(0, 9))
+        if pick == 0:
+            constraints["node_selector"] = (("zone", draw(st.sampled_from(ZONES))),)
+        elif pick == 1:
+            constraints["tolerations"] = draw(st.sampled_from(TOLERATIONS))
+        elif pick == 2:
+            constraints["node_affinity"] = draw(st.sampled_from(AFFINITY))
+        subgroups: tuple[SubGroup, ...] = ()
+        if draw(st.integers(0, 5)) == 0:
+            # two podsets; the workers in replicas of two hosts
+            heads = 1
+            workers = draw(st.sampled_from([2, 4]))
+            subgroups = (SubGroup("head", 1), SubGroup("workers", draw(st.sampled_from([0, 2])),
+                                                       replica_size=2))
+            req = draw(requests())
+            pods = [Pod(f"{name}-head", req, created=t0 + j, is_ray_head=True, subgroup="head",
+                        **constraints)]  # type: ignore[arg-type]
+            pods += [Pod(f"{name}-w{k}", req, created=t0 + j, subgroup="workers",
+                         replica=f"{name}-r{k // 2}", **constraints)  # type: ignore[arg-type]
+                     for k in range(workers)]
+            minimum = heads
+        else:
+            req = draw(requests())
+            size = draw(st.integers(1, 4))
+            minimum = draw(st.integers(1, size))
+            gated = draw(st.integers(0, 9)) == 0
+            pods = [Pod(f"{name}-{k}", req, created=t0 + j + k / 10,
+                        status=PodStatus.GATED if gated and k == size - 1 else PodStatus.PENDING,
+                        task_priority=draw(st.sampled_from([None, None, 1, 5])),
+                        **constraints)  # type: ignore[arg-type]
+                    for k in range(size)]
+        jobs.append(Job(
+            name=name, queue=queue, priority=priority, pods=tuple(pods), min_member=minimum,
+            created=t0 + j, subgroups=subgroups,
+            preemptible=draw(st.sampled_from([None, None, None, True, False])),
+            namespace=draw(st.sampled_from(["default", "team"]))))
+    return jobs
+
+
+@st.composite
+def configs(draw):  # type: ignore[no-untyped-def]
+    gpu = draw(st.sampled_from(["binpack", "binpack", "spread"]))
+    return SchedulerConfig(
+        placement=NodePlacement(gpu=gpu, cpu=draw(st.sampled_from(["binpack", "spread"]))),
+        gpu_device_order=draw(st.sampled_from([None, None, "gpupack", "gpuspread"])),
+        staleness_grace_period_s=draw(st.sampled_from([60.0, 0.0, -1.0])),
+        max_consolidation_preemptees=draw(st.sampled_from([16, 1, 0, -1])),
+        k_value=draw(st.sampled_from([1.0, 0.5])),
+        allow_consolidating_reclaim=draw(st.booleans()),
+        reclaimer_saturation_multiplier=draw(st.sampled_from([1.0, 1.5])),
+        default_preempt_min_runtime_s=draw(st.sampled_from([0.0, 0.0, 5.0])),
+        default_reclaim_min_runtime_s=draw(st.sampled_from([0.0, 5.0])))
+
+
+def _disturb(snapshot: Snapshot, draw_index: int) -> Snapshot:
+    """Some running pods released, succeeded or failed, a gang left below its minimum (stale
+    after the grace period), start times set: states a cycle of its own seldom leaves."""
+    jobs = []
+    for j, job in enumerate(snapshot.jobs):
+        pods = list(job.pods)
+        running = [i for i, p in enumerate(pods) if p.status == PodStatus.RUNNING]
+        mode = (j + draw_index) % 8
+        if len(running) > 1 and mode == 5:
+            # below its minimum now, not yet stamped stale: the cycle stamps it
+            pods[running[-1]] = dataclasses.replace(pods[running[-1]], status=PodStatus.PENDING,
+                                                    node=None, gpu_groups=())
+            job = dataclasses.replace(job, min_member=max(job.min_member, len(running)))
+        elif running and mode == 0:
+            pods[running[0]] = dataclasses.replace(pods[running[0]], status=PodStatus.RELEASING)
+        elif running and mode == 1:
+            pods[running[-1]] = dataclasses.replace(pods[running[-1]], status=PodStatus.SUCCEEDED)
+        elif len(running) > 1 and mode == 2:
+            pods[running[-1]] = dataclasses.replace(pods[running[-1]], status=PodStatus.FAILED,
+                                                    node=None, gpu_groups=())
+            job = dataclasses.replace(job, stale_since=0.0)
+        stamp = {3: 0.5, 4: 0.0}.get(mode)
+        jobs.append(dataclasses.replace(job, pods=tuple(pods),
+                                        last_start=stamp if running else job.last_start))
+    return dataclasses.replace(snapshot, jobs=tuple(jobs))
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_random_clusters_take_the_same_decisions(data) -> None:  # type: ignore[no-untyped-def]
+    nodes = data.draw(nodes_of())
+    queues, leaves = data.draw(queues_of())
+    config = data.draw(configs())
+    first = data.draw(jobs_of("a", leaves, 0.0))
+    later = data.draw(jobs_of("b", leaves, 100.0))
+    snapshot = Snapshot(nodes, queues, tuple(first))
+    result = both(snapshot, config, 0.0)
+    snapshot = _disturb(runner.advance(snapshot, result), data.draw(st.integers(0, 7)))
+    snapshot = dataclasses.replace(snapshot, jobs=snapshot.jobs + tuple(later))
+    now = 1.0
+    for _ in range(3):
+        result = both(snapshot, config, now)
+        snapshot = runner.advance(snapshot, result)
+        now += data.draw(st.sampled_from([1.0, 61.0]))
+
+
+@st.composite
+def contended(draw):  # type: ignore[no-untyped-def]
+    """A cluster filled by priority-50 work that one queue holds most of, then arrivals that
+    outrank it (preempt), belong to queues under their share (reclaim) or fit only if others
+    move (consolidation)."""
+    nodes = tuple(Node(name=f"n{i}", cpu_m=64000, memory=256 * 10**9,
+                       gpus=draw(st.sampled_from([4, 8])),
+                       gpu_memory_mib=draw(st.sampled_from([40000, 81920])), max_pods=110)
+                  for i in range(draw(st.integers(2, 4))))
+    total = sum(n.gpus for n in nodes)
+    leaves = [f"q{i}" for i in range(draw(st.integers(2, 3)))]
+    queues = (Queue("root", gpu=ResourceQuota(-1, -1, 1), cpu=OPEN, memory=OPEN),
+              *(Queue(name, parent="root",
+                      gpu=ResourceQuota(total / len(leaves), -1, draw(st.sampled_from([1.0, 2.0]))),
+                      cpu=OPEN, memory=OPEN, created=float(i)) for i, name in enumerate(leaves)))
+
+    def request() -> Request:
+        kind = draw(st.sampled_from(["whole", "whole", "fraction", "memory"]))
+        if kind == "whole":
+            return Request(cpu_m=1000, memory=10**9, gpus=draw(st.sampled_from([1, 1, 2, 4])))
+        if kind == "fraction":
+            return Request(cpu_m=500, memory=10**9,
+                           gpu_fraction_milli=draw(st.sampled_from([250, 500, 750])))
+        return Request(cpu_m=500, memory=10**9, gpu_memory_mib=20000)
+
+    def job(name: str, queue: str, priority: int, t: float) -> Job:
+        req = request()
+        size = draw(st.integers(1, 3))
+        minimum = draw(st.integers(1, size))
+        pods = tuple(Pod(f"{name}-{k}", req, created=t) for k in range(size))
+        return Job(name=name, queue=queue, priority=priority, pods=pods, min_member=minimum,
+                   created=t)
+
+    heavy = draw(st.sampled_from(leaves))
+    first, asked = [], 0.0
+    while asked < total * 1.2:
+        queue = heavy if draw(st.integers(0, 2)) else draw(st.sampled_from(leaves))
+        j = job(f"a{len(first)}", queue, 50, float(len(first)))
+        first.append(j)
+        r = j.pods[0].request
+        asked += len(j.pods) * (r.gpus or r.gpu_fraction_milli / 1000 or 0.25)
+    later = [job(f"b{i}", draw(st.sampled_from(leaves)),
+                 draw(st.sampled_from([50, 75, 100, 125])), 100.0 + i)
+             for i in range(draw(st.integers(2, 6)))]
+    config = SchedulerConfig(gpu_device_order=draw(st.sampled_from([None, "gpuspread"])),
+                             allow_consolidating_reclaim=draw(st.booleans()))
+    return Snapshot(nodes, queues, tuple(first)), later, config
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(contended(), st.integers(0, 7))
+def test_contended_clusters_take_the_same_decisions(case, disturb) -> None:  # type: ignore[no-untyped-def]
+    snapshot, later, config = case
+    result = both(snapshot, config, 0.0)
+    snapshot = _disturb(runner.advance(snapshot, result), disturb)
+    snapshot = dataclasses.replace(snapshot, jobs=snapshot.jobs + tuple(later))
+    for now in (1.0, 2.0, 63.0):
+        result = both(snapshot, config, now)
+        snapshot = runner.advance(snapshot, result)
