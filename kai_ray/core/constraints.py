@@ -58,12 +58,25 @@ class Requirement:
         if op == "DoesNotExist":
             return have is None
         if op in ("Gt", "Lt") and have is not None and len(self.values) == 1:
-            try:
-                left, right = int(have), int(self.values[0])
-            except ValueError:
+            left, right = parse_int64(have), parse_int64(self.values[0])
+            if left is None or right is None:
                 return False
             return left > right if op == "Gt" else left < right
         return False
+
+
+_INT64 = (-(2**63), 2**63 - 1)
+
+
+def parse_int64(text: str) -> int | None:
+    """An integer as Kubernetes reads Gt/Lt values and labels (Go's strconv.ParseInt, base 10,
+    64 bits): an optional sign and ASCII digits, nothing else; None otherwise. (Python's int()
+    would also take spaces, underscores and other scripts' digits.)"""
+    digits = text[1:] if text[:1] in ("+", "-") else text
+    if not digits or not (digits.isascii() and digits.isdigit()):
+        return None
+    value = int(text)
+    return value if _INT64[0] <= value <= _INT64[1] else None
 
 
 # required node affinity: the node must match one term (terms are ORed), a term matches when

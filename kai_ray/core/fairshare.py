@@ -9,6 +9,7 @@ time, largest leftover first. Each queue's share is then divided among its child
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from kai_ray.core.model import UNLIMITED
@@ -90,7 +91,7 @@ def _divide_rounds(
     leftovers: dict[str, tuple[float, ShareInput]] = {}
     while True:
         weights = _share_weights(queues, k_value)
-        weight_sum = sum(weights.values())
+        weight_sum = _add_in_order(weights.values())
         if weight_sum == 0:
             break
         amount_this_round = total
@@ -124,7 +125,7 @@ def _divide_rounds(
 
 
 def _share_weights(queues: list[ShareInput], k_value: float) -> dict[str, float]:
-    total_weight = sum(q.weight for q in queues if q.remaining_request() > 0)
+    total_weight = _add_in_order(q.weight for q in queues if q.remaining_request() > 0)
     if total_weight == 0:
         return {}
     weights: dict[str, float] = {}
@@ -134,3 +135,12 @@ def _share_weights(queues: list[ShareInput], k_value: float) -> dict[str, float]
         normalized = q.weight / total_weight
         weights[q.name] = max(0.0, normalized + k_value * (normalized - q.usage))
     return weights
+
+
+def _add_in_order(values: Iterable[float]) -> float:
+    """Floats added left to right, one rounding per addition: Python 3.12's `sum` compensates
+    (other results on other Pythons), and the Rust core adds in order."""
+    total = 0.0
+    for value in values:
+        total += value
+    return total

@@ -917,6 +917,8 @@ class Session:
 
     def _mark_releasing(self, task: Task, sign: int) -> None:
         node, req = task.node, task.req
+        if node < 0:
+            return  # a pod on a node the snapshot does not have: nothing of ours to release
         at = self.at
         if req.cpu_m:
             value = at.rel_cpu[node] + sign * req.cpu_m

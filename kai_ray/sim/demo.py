@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from importlib import resources
 
+from kai_ray.core.schedule import describe_core
 from kai_ray.sim import runner
 from kai_ray.sim.report import render_text
 from kai_ray.sim.scenario import load
@@ -16,7 +17,8 @@ def demo_file() -> str:
 def run_demo() -> int:
     scenarios = load(demo_file())
     failures = 0
-    print("kai-ray demo: each scenario runs through the same scheduling core as the cluster.\n")
+    print("kai-ray demo: each scenario runs through the same scheduling core as the cluster "
+          f"({describe_core()}).\n")
     for scenario in scenarios:
         outcome = runner.run(scenario)
         print(render_text(scenario, outcome))

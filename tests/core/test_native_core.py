@@ -57,8 +57,8 @@ def assert_same(native: CycleResult, python: CycleResult) -> None:
     a, b = _fields(native), _fields(python)
     for name in b:
         assert a[name] == b[name], f"{name} differs"
-        if isinstance(b[name], dict):  # the same keys in the same order
-            assert list(a[name]) == list(b[name]), f"{name}: order differs"  # type: ignore[arg-type]
+        # and alike to the letter: dict orders, ints that stay ints (4 == 4.0, not in repr)
+        assert repr(a[name]) == repr(b[name]), f"{name}: same values, written differently"
 
 
 def both(snapshot: Snapshot, config: SchedulerConfig, now: float) -> CycleResult:
@@ -113,6 +113,48 @@ def test_native_refuses_what_it_does_not_take() -> None:
         schedule(snapshot, SchedulerConfig(actions=("allocate", "nope")), 0.0, core="native")
     with pytest.raises(ValueError, match="core: expected one of"):
         schedule(snapshot, SchedulerConfig(), 0.0, core="rust")  # type: ignore[arg-type]
+
+
+def test_inputs_the_review_found() -> None:
+    """Unusual input both cores must read alike (found by reviewing the port side by side)."""
+    open_ = ResourceQuota(-1, -1, 1)
+    one = (Node("n1", 64000, 10**12, gpus=4),)
+    job = Job("j", "A", 50, (Pod("p", Request(cpu_m=100, gpus=1)),))
+    # a later queue of a name replaces the earlier one, then orphans go: no queue A at all
+    queues = (Queue("A", gpu=open_, cpu=open_, memory=open_),
+              Queue("A", parent="gone", gpu=open_, cpu=open_, memory=open_))
+    result = both(Snapshot(one, queues, (job,)), SchedulerConfig(), 0.0)
+    assert result.job_status["j"].reason == "QueueDoesNotExist"
+    # a later subgroup of a name replaces the earlier one: the gang needs 2, not 3
+    grouped = Job("g", "q", 50, tuple(Pod(f"g{i}", Request(cpu_m=100, gpus=1), subgroup="w")
+                                      for i in range(2)),
+                  subgroups=(SubGroup("w", 1), SubGroup("w", 2)))
+    queue = (Queue("q", gpu=open_, cpu=open_, memory=open_),)
+    assert len(both(Snapshot(one, queue, (grouped,)), SchedulerConfig(), 0.0).binds) == 2
+    # an empty parent is a root, reported with its "", and reclaim compares the names
+    nodes = (Node("n1", 640000, 10**13, gpus=8),
+             Node("n2", 640000, 10**13, gpus=2, unschedulable=True))
+    for parent in ("", None):
+        queues = (Queue("P", gpu=ResourceQuota(1, -1, 1.0), cpu=open_, memory=open_),
+                  Queue("a1", parent="P", gpu=ResourceQuota(1, -1, 1.0), cpu=open_, memory=open_),
+                  Queue("a2", parent="P", gpu=ResourceQuota(0, -1, 1.0), cpu=open_, memory=open_),
+                  Queue("b", parent=parent, gpu=ResourceQuota(1, -1, 1.0), cpu=open_,
+                        memory=open_))
+        jobs = [Job(f"x{i}", "a2", 100, (Pod(f"x{i}p", Request(cpu_m=100, gpus=1),
+                                             status=PodStatus.RUNNING, node="n1"),),
+                    created=float(i)) for i in range(4)]
+        jobs += [Job(f"v{i}", "b", 50, (Pod(f"v{i}p", Request(cpu_m=100, gpus=1),
+                                            status=PodStatus.RUNNING,
+                                            node="n1" if i < 4 else "n2"),), created=float(i))
+                 for i in range(6)]
+        jobs.append(Job("r", "a1", 50, (Pod("rp", Request(cpu_m=100, gpus=1)),), created=100.0))
+        result = both(Snapshot(nodes, queues, tuple(jobs)), SchedulerConfig(), 0.0)
+        assert result.queues["b"].parent == parent
+    # a shared request on fewer than one device is left to the Python core
+    odd = Job("o", "q", 50, (Pod("o0", Request(cpu_m=100, gpu_fraction_milli=500,
+                                                 fraction_devices=0)),))
+    with pytest.raises(ValueError, match="fraction_devices 0"):
+        schedule(Snapshot(one, queue, (odd,)), SchedulerConfig(), 0.0, core="native")
 
 
 def test_clock_times_each_action() -> None:
@@ -192,6 +234,8 @@ def queues_of(draw):  # type: ignore[no-untyped-def]
         limit = draw(st.sampled_from([-1.0, -1.0, -1.0, -1.0, 4.0, 8.0, 0.0]))
         quota = draw(st.sampled_from([0.0, 2.0, 4.0, 8.0, -1.0]))
         cpu = draw(st.sampled_from([OPEN, OPEN, OPEN, ResourceQuota(8000, 64000, 1)]))
+        if draw(st.integers(0, 3)) == 0:
+            quota, limit = int(quota), int(limit)  # as a scenario file may write them
         queues.append(Queue(
             f"q{i}", parent=parent, priority=draw(st.sampled_from([100, 100, 50, 125])),
             gpu=ResourceQuota(quota, limit, draw(st.sampled_from([0.0, 1.0, 2.0]))),
@@ -201,6 +245,10 @@ def queues_of(draw):  # type: ignore[no-untyped-def]
         leaves.append(f"q{i}")
     if draw(st.integers(0, 5)) == 0:
         queues.append(Queue("orphan", parent="gone", gpu=OPEN, cpu=OPEN, memory=OPEN))
+    if draw(st.integers(0, 5)) == 0:
+        queues.append(Queue("loose", parent="", gpu=ResourceQuota(2, -1, 1), cpu=OPEN,
+                            memory=OPEN, created=9.0))
+        leaves.append("loose")
     return tuple(queues), leaves
 
 
@@ -293,6 +341,9 @@ def _disturb(snapshot: Snapshot, draw_index: int) -> Snapshot:
             pods[running[-1]] = dataclasses.replace(pods[running[-1]], status=PodStatus.FAILED,
                                                     node=None, gpu_groups=())
             job = dataclasses.replace(job, stale_since=0.0)
+        if running and mode == 6:
+            # a pod on a node the snapshot does not have (deleted since)
+            pods[running[0]] = dataclasses.replace(pods[running[0]], node="gone-node")
         stamp = {3: 0.5, 4: 0.0}.get(mode)
         jobs.append(dataclasses.replace(job, pods=tuple(pods),
                                         last_start=stamp if running else job.last_start))

@@ -55,8 +55,11 @@ class VictimUnit:
     def taken_amount(self) -> tuple[float, float, float]:
         """What the queue loses when this unit is taken (its next tasks to evict)."""
         taken, _ = self.take()
+        gpu = 0.0
+        for t in taken:  # in order: Python 3.12's float `sum` compensates, the Rust core does not
+            gpu += t.accepted_gpu
         return (float(sum(t.req.cpu_m for t in taken)), float(sum(t.req.memory for t in taken)),
-                sum(t.accepted_gpu for t in taken))
+                gpu)
 
     def take_unrecorded(self, recorded: set[int]) -> tuple[list[Task], VictimUnit | None]:
         """`take` when the tasks whose ids are in `recorded` are already victims: if the next

@@ -44,31 +44,10 @@ pub struct Requirement {
     pub field: bool,
 }
 
-/// Python's `int(str)`: optional surrounding whitespace, a sign, digits (underscores between
-/// digits allowed). Only whether it parses and the comparison matter here.
-fn py_int(text: &str) -> Option<i128> {
-    let s = text.trim();
-    let (negative, digits) = match s.as_bytes().first() {
-        Some(b'-') => (true, &s[1..]),
-        Some(b'+') => (false, &s[1..]),
-        _ => (false, s),
-    };
-    if digits.is_empty()
-        || digits.starts_with('_')
-        || digits.ends_with('_')
-        || digits.contains("__")
-    {
-        return None;
-    }
-    let mut value: i128 = 0;
-    for c in digits.chars() {
-        if c == '_' {
-            continue;
-        }
-        let d = c.to_digit(10)? as i128;
-        value = value.checked_mul(10)?.checked_add(d)?;
-    }
-    Some(if negative { -value } else { value })
+/// An integer as Kubernetes reads Gt/Lt values and labels (Go's strconv.ParseInt, base 10, 64
+/// bits): an optional sign and ASCII digits, nothing else (kai_ray.core.constraints.parse_int64).
+pub fn parse_int64(text: &str) -> Option<i64> {
+    text.parse::<i64>().ok()
 }
 
 impl Requirement {
@@ -92,7 +71,7 @@ impl Requirement {
                 if self.values.len() != 1 {
                     return false;
                 }
-                match (py_int(h), py_int(&self.values[0])) {
+                match (parse_int64(h), parse_int64(&self.values[0])) {
                     (Some(left), Some(right)) => {
                         if op == "Gt" {
                             left > right
@@ -122,4 +101,28 @@ pub fn untolerated<'a>(taints: &'a [Taint], tolerations: &[Toleration]) -> Optio
         BLOCKING_EFFECTS.contains(&taint.effect.as_str())
             && !tolerations.iter().any(|t| t.tolerates(taint))
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_int64;
+
+    #[test]
+    fn integers_as_kubernetes_reads_them() {
+        for (text, want) in [
+            ("12", Some(12)),
+            ("+3", Some(3)),
+            ("-7", Some(-7)),
+            (" 1", None),
+            ("1_0", None),
+            ("\u{ff13}", None),
+            ("", None),
+            ("-", None),
+            ("9223372036854775807", Some(i64::MAX)),
+            ("9223372036854775808", None),
+            ("1.5", None),
+        ] {
+            assert_eq!(parse_int64(text), want, "{text:?}");
+        }
+    }
 }

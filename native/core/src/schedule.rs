@@ -272,7 +272,7 @@ fn evict_message(
             let p = &sess.jobs[preemptor.expect("a reclaimer")];
             let mut vq = sess.jobs[t.job].queue_id.expect("a victim queue");
             let mut rq = p.queue_id.expect("a reclaimer queue");
-            if sess.queues[vq].parent_id != sess.queues[rq].parent_id {
+            if sess.queues[vq].parent != sess.queues[rq].parent {
                 vq = sess.queues[vq].parent_id.unwrap_or(vq);
                 rq = sess.queues[rq].parent_id.unwrap_or(rq);
             }

@@ -102,6 +102,7 @@ impl JobState {
 #[derive(Clone, Debug)]
 pub struct QueueState {
     pub name: String,
+    /// as given ("" is kept, and is no parent: `parent_id` is None)
     pub parent: Option<String>,
     pub parent_id: Option<usize>,
     pub priority: i64,
@@ -435,15 +436,21 @@ impl Session {
             let jid = sess.jobs.len();
             let uses_subgroups = !job.subgroups.is_empty();
             let podsets = if uses_subgroups {
-                job.subgroups
-                    .iter()
-                    .map(|sg| PodSet {
+                // as the Python dict: a later subgroup of a name replaces the earlier one there
+                let mut podsets: Vec<PodSet> = Vec::new();
+                for sg in &job.subgroups {
+                    let podset = PodSet {
                         name: sg.name.clone(),
                         min_member: sg.min_member.max(1),
                         replica_size: sg.replica_size.max(1),
                         tasks: Vec::new(),
-                    })
-                    .collect()
+                    };
+                    match podsets.iter().position(|ps| ps.name == sg.name) {
+                        Some(at) => podsets[at] = podset,
+                        None => podsets.push(podset),
+                    }
+                }
+                podsets
             } else {
                 vec![PodSet {
                     name: "default".to_string(),
@@ -549,28 +556,27 @@ impl Session {
     }
 
     fn build_queues(&mut self, snap_queues: Vec<crate::model::Queue>) {
-        let mut queues: Vec<crate::model::Queue> = snap_queues;
-        // orphans (parent missing) are removed with all their descendants
-        loop {
-            let names: FxHashSet<String> = queues.iter().map(|q| q.name.clone()).collect();
-            let before = queues.len();
-            queues.retain(|q| match &q.parent {
-                Some(p) if !p.is_empty() => names.contains(p),
-                _ => true,
-            });
-            if queues.len() == before {
-                break;
-            }
-        }
-        // a later queue of the same name replaces an earlier one in the dict, at its place
+        // as the Python dict has them: a later queue of a name replaces the earlier one, at its
+        // place; then orphans (parent missing) are removed with all their descendants
         let mut order: Vec<crate::model::Queue> = Vec::new();
         let mut at: FxHashMap<String, usize> = FxHashMap::default();
-        for q in queues {
+        for q in snap_queues {
             if let Some(&i) = at.get(&q.name) {
                 order[i] = q;
             } else {
                 at.insert(q.name.clone(), order.len());
                 order.push(q);
+            }
+        }
+        loop {
+            let names: FxHashSet<String> = order.iter().map(|q| q.name.clone()).collect();
+            let before = order.len();
+            order.retain(|q| match &q.parent {
+                Some(p) if !p.is_empty() => names.contains(p),
+                _ => true,
+            });
+            if order.len() == before {
+                break;
             }
         }
         for q in order {
@@ -581,7 +587,7 @@ impl Session {
             self.queue_index.insert(q.name.clone(), self.queues.len());
             self.queues.push(QueueState {
                 name: q.name,
-                parent: q.parent.filter(|p| !p.is_empty()),
+                parent: q.parent,
                 parent_id: None,
                 priority: q.priority,
                 created: q.created,
@@ -598,7 +604,8 @@ impl Session {
             });
         }
         for i in 0..self.queues.len() {
-            if let Some(parent) = self.queues[i].parent.clone() {
+            // an empty parent is none: the queue is a root (reported with its "" though)
+            if let Some(parent) = self.queues[i].parent.clone().filter(|p| !p.is_empty()) {
                 let p = self.queue_index[&parent];
                 self.queues[i].parent_id = Some(p);
                 self.queues[p].children.push(i);

@@ -142,10 +142,13 @@ fn read_quota(obj: &Bound<'_, PyAny>) -> Conv<ResourceQuota> {
     })
 }
 
-fn read_queues(snapshot: &Bound<'_, PyAny>) -> Conv<Vec<Queue>> {
+/// The queues, and each name's Queue object (the last of a name, as the Python core keeps it).
+fn read_queues<'py>(snapshot: &Bound<'py, PyAny>) -> Conv<(Vec<Queue>, QueueObjects)> {
     let py = snapshot.py();
     let mut queues = Vec::new();
+    let mut objects = FxHashMap::default();
     for q in items(&attr(snapshot, intern!(py, "queues"))?)? {
+        objects.insert(string(&q, intern!(py, "name"))?, q.clone().unbind());
         queues.push(Queue {
             name: string(&q, intern!(py, "name"))?,
             parent: opt_string(&q, intern!(py, "parent"))?,
@@ -158,8 +161,10 @@ fn read_queues(snapshot: &Bound<'_, PyAny>) -> Conv<Vec<Queue>> {
             reclaim_min_runtime_s: opt_float(&q, intern!(py, "reclaim_min_runtime_s"))?,
         });
     }
-    Ok(queues)
+    Ok((queues, objects))
 }
+
+type QueueObjects = FxHashMap<String, Py<PyAny>>;
 
 fn read_request(obj: &Bound<'_, PyAny>) -> Conv<Request> {
     let py = obj.py();
@@ -260,6 +265,13 @@ fn read_jobs(snapshot: &Bound<'_, PyAny>, out: &mut Snapshot) -> Conv<Names> {
                 Some(r) => *r,
                 None => {
                     let r = read_request(&request_obj)?;
+                    if r.is_shared() && r.fraction_devices < 1 {
+                        // the Python core slices its device list with it: leave it that
+                        return Err(Unsupported(format!(
+                            "fraction_devices {} on a shared request",
+                            r.fraction_devices
+                        )));
+                    }
                     requests.insert(request_obj.as_ptr() as usize, r);
                     r
                 }
@@ -419,17 +431,14 @@ fn schedule<'py>(
     types: &Bound<'py, PyAny>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let types = ResultTypes::from_tuple(types)?;
-    let read = || -> Conv<(SchedulerConfig, Snapshot, Names)> {
+    let read = || -> Conv<(SchedulerConfig, Snapshot, Names, QueueObjects)> {
         let core_config = read_config(config)?;
-        let mut snap = Snapshot {
-            nodes: read_nodes(snapshot)?,
-            queues: read_queues(snapshot)?,
-            ..Snapshot::default()
-        };
+        let (queues, queue_objects) = read_queues(snapshot)?;
+        let mut snap = Snapshot { nodes: read_nodes(snapshot)?, queues, ..Snapshot::default() };
         let names = read_jobs(snapshot, &mut snap)?;
-        Ok((core_config, snap, names))
+        Ok((core_config, snap, names, queue_objects))
     };
-    let (core_config, snap, names) = match read() {
+    let (core_config, snap, names, queue_objects) = match read() {
         Ok(input) => input,
         Err(Unsupported(why)) => return Ok(PyString::new(py, &why).into_any()),
     };
@@ -451,13 +460,14 @@ fn schedule<'py>(
     if let Some(e) = clock_error {
         return Err(e);
     }
-    build_result(py, &out, &names, &types)
+    build_result(py, &out, &names, &queue_objects, &types)
 }
 
 fn build_result<'py>(
     py: Python<'py>,
     out: &kai_ray_core::CycleOutput,
     names: &Names,
+    queue_objects: &QueueObjects,
     types: &ResultTypes<'py>,
 ) -> PyResult<Bound<'py, PyAny>> {
     let node_names: Vec<Bound<'py, PyString>> =
@@ -596,13 +606,24 @@ fn build_result<'py>(
     let queues = PyDict::new(py);
     for q in &out.queues {
         let name = out.queue_names[q.queue].as_str();
+        // quota and limit as the Queue gives them (an int stays an int), memory's in bytes
+        let given = queue_objects[name].bind(py);
+        let (gpu, cpu) = (given.getattr(intern!(py, "gpu"))?, given.getattr(intern!(py, "cpu"))?);
+        let as_given = |field: &Bound<'py, PyString>,
+                        memory: f64|
+         -> PyResult<Bound<'py, PyTuple>> {
+            PyTuple::new(
+                py,
+                [cpu.getattr(field)?, memory.into_pyobject(py)?.into_any(), gpu.getattr(field)?],
+            )
+        };
         queues.set_item(
             name,
             types.queue_share.call1((
                 name,
                 out.queue_parents[q.queue].as_deref(),
-                amounts(py, &q.deserved)?,
-                amounts(py, &q.limit)?,
+                as_given(intern!(py, "quota"), q.deserved[1])?,
+                as_given(intern!(py, "limit"), q.limit[1])?,
                 amounts(py, &q.fair_share)?,
                 amounts(py, &q.allocated)?,
                 amounts(py, &q.allocated_np)?,

@@ -162,7 +162,8 @@ impl Reclaim {
             let with_request = [base[0] + request[0], base[1] + request[1], base[2] + request[2]];
             for &(sib_id, sib_left) in &remaining {
                 let sib = &sess.queues[sib_id];
-                if sib.parent_id != qs.parent_id || sib_id == q {
+                // the parents' names, as the Python compares them ("" and none differ here)
+                if sib.parent != qs.parent || sib_id == q {
                     continue;
                 }
                 let bits = involved_in.iter().find(|(k, _)| *k == sib_id).map_or(0, |(_, b)| *b)
