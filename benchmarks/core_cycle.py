@@ -17,10 +17,11 @@ to the array pass; `fraction_few` / `fraction_many`: fractional pods whose candi
 session's buckets give, or the array pass finds) of one cycle: where the time goes,
 independent of machine load.
 `--compiled` runs the Python core compiled by mypyc (built once per version of the core's
-source, about a minute; kai_ray/testing/compiled_core.py); `--native` the Rust core the image
-ships (native/, built once per version of its sources with cargo;
-kai_ray/testing/native_core.py), timed the same way: `schedule()` from the Python snapshot to
-the Python CycleResult. The first line of output says which core ran.
+source, about a minute; kai_ray/testing/compiled_core.py); `--native` the Rust core (native/,
+built once per version of its sources with cargo; kai_ray/testing/native_core.py), timed the
+same way: `schedule()` from the Python snapshot to the Python CycleResult. `--compiled --native`
+is what the image runs: the Rust core, with the snapshot read from and the result built as
+objects of the compiled Python modules. The first line of output says which core ran.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from kai_ray.core import placement
 from kai_ray.core.actions import solver, victim_stream
@@ -50,24 +52,28 @@ def main() -> int:
     parser.add_argument("--native", action="store_true")
     parser.add_argument("--busy", action="store_true")
     args = parser.parse_args()
-    if args.native and (args.compiled or args.count_calls):
-        parser.error("--native runs the Rust core: not with --compiled or --count-calls")
-    core: Core = "python"
-    if args.native:
-        native_core.use(native_core.build(log=lambda m: print(m, file=sys.stderr)))
-        core = "native"
+    if args.native and args.count_calls:
+        parser.error("--count-calls wraps Python functions: not with --native")
+    core: Core = "native" if args.native else "python"
+    native = os.environ.get("KAI_RAY_BENCH_NATIVE")  # built by the parent of a --compiled run
+    if args.native and not native:
+        native = str(native_core.build(log=lambda m: print(m, file=sys.stderr)))
     if args.compiled and not compiled_core.running_compiled():
         if args.count_calls:
             parser.error("--count-calls wraps Python functions: not with --compiled")
         path = compiled_core.build(log=lambda m: print(m, file=sys.stderr))
-        env = {**compiled_core.env(path), "KAI_RAY_BENCH_COMPILED": "1"}
+        env = {**native_core.without(compiled_core.env(path)), "KAI_RAY_BENCH_COMPILED": "1"}
+        if native:
+            env["KAI_RAY_BENCH_NATIVE"] = native
         # -P: the script's own directory must not put the checkout's kai_ray first
         return subprocess.call([sys.executable, "-P", *sys.argv], env=env)
     if os.environ.get("KAI_RAY_BENCH_COMPILED") and not compiled_core.running_compiled():
         raise SystemExit("the compiled core did not load (is an interpreted kai_ray first on "
                          "sys.path?)")
-    name = "native (Rust)" if args.native else (
-        "compiled (mypyc)" if compiled_core.running_compiled() else "interpreted")
+    if native:
+        native_core.use(Path(native))
+    python = "compiled (mypyc)" if compiled_core.running_compiled() else "interpreted"
+    name = f"native (Rust), Python {python}" if args.native else python
     print(f"core: {name}" + ("; busy clusters" if args.busy else ""))
     counts: collections.Counter[str] = collections.Counter()
     if args.count_calls:

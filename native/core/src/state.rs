@@ -412,8 +412,12 @@ impl Session {
             sticky: None,
             evict_info: FxHashMap::default(),
             jobs: Vec::with_capacity(snap_jobs.len()),
-            job_index: FxHashMap::default(),
-            tasks: Vec::new(),
+            job_index: FxHashMap::with_capacity_and_hasher(snap_jobs.len(), Default::default()),
+            // with room for the moved copies the cycle adds (growing would copy every task)
+            tasks: Vec::with_capacity({
+                let pods: usize = snap_jobs.iter().map(|j| j.pods.len()).sum();
+                pods + pods / 8 + 64
+            }),
             shapes: FxHashMap::default(),
             queues: Vec::new(),
             queue_index: FxHashMap::default(),

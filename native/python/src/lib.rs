@@ -237,7 +237,21 @@ fn read_jobs(snapshot: &Bound<'_, PyAny>, out: &mut Snapshot) -> Conv<Names> {
     let mut requests: FxHashMap<usize, Request> = FxHashMap::default();
     let mut statuses: FxHashMap<usize, PodStatus> = FxHashMap::default();
     let mut seen_jobs: rustc_hash::FxHashSet<String> = rustc_hash::FxHashSet::default();
-    for j in items(&attr(snapshot, intern!(py, "jobs"))?)? {
+    // namespaces and queue names: a few distinct strings, often the same objects; read once each
+    let mut known: FxHashMap<usize, String> = FxHashMap::default();
+    let mut read_str = |obj: &Bound<'_, PyAny>| -> Conv<String> {
+        if let Some(s) = known.get(&(obj.as_ptr() as usize)) {
+            return Ok(s.clone());
+        }
+        let s: String = obj.extract()?;
+        known.insert(obj.as_ptr() as usize, s.clone());
+        Ok(s)
+    };
+    let jobs = items(&attr(snapshot, intern!(py, "jobs"))?)?;
+    out.jobs.reserve(jobs.len());
+    names.job_names.reserve(jobs.len());
+    names.job_namespaces.reserve(jobs.len());
+    for j in jobs {
         let name_obj = attr(&j, intern!(py, "name"))?;
         let name: String = name_obj.extract()?;
         if !seen_jobs.insert(name.clone()) {
@@ -258,8 +272,9 @@ fn read_jobs(snapshot: &Bound<'_, PyAny>, out: &mut Snapshot) -> Conv<Names> {
             });
         }
         let job_index = names.job_names.len();
-        let mut pods = Vec::new();
-        for p in items(&attr(&j, intern!(py, "pods"))?)? {
+        let pod_list = items(&attr(&j, intern!(py, "pods"))?)?;
+        let mut pods = Vec::with_capacity(pod_list.len());
+        for p in pod_list {
             let request_obj = attr(&p, intern!(py, "request"))?;
             let request = match requests.get(&(request_obj.as_ptr() as usize)) {
                 Some(r) => *r,
@@ -312,7 +327,7 @@ fn read_jobs(snapshot: &Bound<'_, PyAny>, out: &mut Snapshot) -> Conv<Names> {
                 status,
                 node: opt_string(&p, intern!(py, "node"))?,
                 gpu_groups,
-                namespace: pod_namespace.extract()?,
+                namespace: read_str(&pod_namespace)?,
                 task_priority: if task_priority.is_none() {
                     None
                 } else {
@@ -331,11 +346,11 @@ fn read_jobs(snapshot: &Bound<'_, PyAny>, out: &mut Snapshot) -> Conv<Names> {
         }
         out.jobs.push(Job {
             name,
-            queue: string(&j, intern!(py, "queue"))?,
+            queue: read_str(&attr(&j, intern!(py, "queue"))?)?,
             priority,
             pods,
             min_member: int(&j, intern!(py, "min_member"))?,
-            namespace: namespace_obj.extract()?,
+            namespace: read_str(&namespace_obj)?,
             created: float(&j, intern!(py, "created"))?,
             preemptible,
             subgroups,
