@@ -1,7 +1,10 @@
 """One full scheduling cycle (snapshot compile + all actions) on synthetic clusters.
 
     python benchmarks/core_cycle.py [--sizes 100 1000 5000] [--repeat 5] [--count-calls]
-                                    [--compiled | --native] [--busy]
+                                    [--compiled] [--native] [--busy] [--no-actions]
+
+`--no-actions` runs the cycle without its actions (`SchedulerConfig.actions = ()`): the fixed
+part, reading the snapshot, building the session and fair share, and the result.
 
 `--busy` runs the mostly running clusters of `kai_ray.sim.synthetic.busy_cluster` (27 pods
 per node, 42 pending pods, shaped like KAI-Scheduler#315) instead of the issue's workload.
@@ -38,6 +41,7 @@ from pathlib import Path
 
 from kai_ray.core import placement
 from kai_ray.core.actions import solver, victim_stream
+from kai_ray.core.model import SchedulerConfig
 from kai_ray.core.schedule import Core, schedule
 from kai_ray.sim.synthetic import busy_cluster, cluster
 from kai_ray.testing import compiled_core, native_core
@@ -51,6 +55,7 @@ def main() -> int:
     parser.add_argument("--compiled", action="store_true")
     parser.add_argument("--native", action="store_true")
     parser.add_argument("--busy", action="store_true")
+    parser.add_argument("--no-actions", action="store_true")
     args = parser.parse_args()
     if args.native and args.count_calls:
         parser.error("--count-calls wraps Python functions: not with --native")
@@ -78,6 +83,7 @@ def main() -> int:
     counts: collections.Counter[str] = collections.Counter()
     if args.count_calls:
         _count(counts)
+    config = SchedulerConfig(actions=()) if args.no_actions else SchedulerConfig()
     print(f"{'nodes':>6} {'pods':>7} {'pending':>8} {'median s':>9} {'min s':>7} {'cpu s':>7}  "
           "per action (median wall s)")
     for size in args.sizes:
@@ -88,13 +94,14 @@ def main() -> int:
         bound = 0
         for _ in range(args.repeat):
             start, cpu_start = time.perf_counter(), time.process_time()
-            result = schedule(snap, now=0.0, clock=time.perf_counter, core=core)
+            result = schedule(snap, config, now=0.0, clock=time.perf_counter, core=core)
             times.append(time.perf_counter() - start)
             cpu.append(time.process_time() - cpu_start)
             actions.append(result.action_seconds)
             bound = len(result.binds)
             print(f"  {size} nodes: {times[-1]:.3f} s", file=sys.stderr)
-        per_action = {a: statistics.median(x[a] for x in actions) for a in actions[0]}
+        per_action = {a: statistics.median(x[a] for x in actions) for a in actions[0]} if (
+            actions[0]) else {}
         detail = ", ".join(f"{a} {v:.3f}" for a, v in per_action.items())
         print(f"{size:>6} {pods:>7} {pending:>8} {statistics.median(times):>9.3f} "
               f"{min(times):>7.3f} {statistics.median(cpu):>7.3f}  {detail}; binds {bound}, "
