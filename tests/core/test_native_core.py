@@ -157,6 +157,29 @@ def test_inputs_the_review_found() -> None:
         schedule(Snapshot(one, queue, (odd,)), SchedulerConfig(), 0.0, core="native")
 
 
+def test_a_reclaim_decided_by_an_exact_ratio_tie() -> None:
+    """Reclaim's saturation rule rejects when the reclaimer's parent, with the request, is as
+    saturated as a sibling (`mine_ratio * mult >= sib_ratio`): here 3/2 against 6/4. Random
+    clusters almost never tie exactly (a `>` in one core alone went unseen by them)."""
+    weightless = lambda quota: ResourceQuota(quota, -1, 0.0)  # fair share = min(quota, request)
+    open_ = ResourceQuota(-1, -1, 0.0)
+    nodes = (Node("n0", 64000, 10**12, gpus=8), Node("n1", 64000, 10**12, gpus=1))
+    queues = (Queue("P", gpu=weightless(2), cpu=open_, memory=open_),
+              Queue("a", parent="P", gpu=weightless(2), cpu=open_, memory=open_, created=1.0),
+              Queue("b", parent="P", gpu=weightless(0), cpu=open_, memory=open_, created=2.0),
+              Queue("V", gpu=weightless(4), cpu=open_, memory=open_, created=3.0))
+    one = Request(gpus=1)
+    jobs = [Job(f"b{i}", "b", 100, (Pod(f"b{i}p", one, status=PodStatus.RUNNING, node="n0"),))
+            for i in range(2)]
+    jobs += [Job(f"v{i}", "V", 50, (Pod(f"v{i}p", one, status=PodStatus.RUNNING,
+                                        node="n0" if i < 6 else "n1"),), created=float(i))
+             for i in range(7)]
+    jobs.append(Job("r", "a", 50, (Pod("rp", one),), created=100.0))
+    result = both(Snapshot(nodes, queues, tuple(jobs)), SchedulerConfig(), 0.0)
+    assert result.queues["P"].fair_share[2] == 2.0 and result.queues["V"].fair_share[2] == 4.0
+    assert result.evictions == [] and result.pods["rp"].status == "Pending"
+
+
 def test_clock_times_each_action() -> None:
     ticks = iter(range(100))
     result = schedule(cluster(20), SchedulerConfig(), 0.0, clock=lambda: float(next(ticks)),
