@@ -4,10 +4,10 @@ Open a session (fair share once), run the configured actions in order on the sam
 state, then turn the final state into decisions and explanations.
 
 Two implementations take the same decisions: this Python core, the reference, and the Rust
-port in `native/` (module `kai_ray_native`), five times as fast as this one compiled. `core="auto"` (the
-default) runs the Rust core when it is importable and takes the input (it leaves the packing
-policies other than KAI's to this one), else this one; tests compare the two decision by
-decision (tests/core/test_native_core.py).
+port in `native/` (module `kai_ray_native`), five times as fast as this one compiled.
+`core="auto"` (the default) runs the Rust core when it is importable and takes the input (it
+leaves the packing policies other than KAI's to this one), else this one; tests compare the
+two decision by decision (tests/core/test_native_core.py).
 """
 
 from __future__ import annotations

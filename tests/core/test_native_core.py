@@ -161,7 +161,9 @@ def test_a_reclaim_decided_by_an_exact_ratio_tie() -> None:
     """Reclaim's saturation rule rejects when the reclaimer's parent, with the request, is as
     saturated as a sibling (`mine_ratio * mult >= sib_ratio`): here 3/2 against 6/4. Random
     clusters almost never tie exactly (a `>` in one core alone went unseen by them)."""
-    weightless = lambda quota: ResourceQuota(quota, -1, 0.0)  # fair share = min(quota, request)
+    def weightless(quota: float) -> ResourceQuota:
+        return ResourceQuota(quota, -1, 0.0)  # no over-quota weight: min(quota, request)
+
     open_ = ResourceQuota(-1, -1, 0.0)
     nodes = (Node("n0", 64000, 10**12, gpus=8), Node("n1", 64000, 10**12, gpus=1))
     queues = (Queue("P", gpu=weightless(2), cpu=open_, memory=open_),
