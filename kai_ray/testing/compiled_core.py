@@ -75,17 +75,23 @@ def build(log: Callable[[str], None] = print) -> Path:
                 raise RuntimeError(f"compiling the core with mypyc failed (exit "
                                    f"{proc.returncode}):\n" + "\n".join(
                                        errors or (proc.stdout + proc.stderr).splitlines()[-30:]))
-            (work / _MARKER).write_text(_core_hash() + "\n")
-            if final.exists():  # another build finished first
-                shutil.rmtree(work)
-            else:
-                os.replace(work, final)
+            publish(work, final, _MARKER, _core_hash())
         finally:
             if work.exists():
                 shutil.rmtree(work, ignore_errors=True)
     _copy_package(final)  # the rest of kai_ray as it is now
     prune(final.parent, keep=final)
     return final
+
+
+def publish(work: Path, final: Path, marker: str, version: str) -> None:
+    """Mark the finished build in `work` and move it to `final` in one rename (a build that
+    another process finished first wins; `work` goes)."""
+    (work / marker).write_text(version + "\n")
+    if final.exists():
+        shutil.rmtree(work)
+    else:
+        os.replace(work, final)
 
 
 def prune(root: Path, keep: Path, versions: int = 3, marker: str = _MARKER) -> None:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import kai_ray
-from kai_ray.testing.compiled_core import env, prune
+from kai_ray.testing.compiled_core import env, prune, publish
 
 __all__ = ["build", "env", "source_hash", "use", "without"]
 
@@ -93,11 +93,7 @@ def build(log: Callable[[str], None] = print) -> Path:
     work = Path(tempfile.mkdtemp(prefix="build-", dir=final.parent))
     try:
         shutil.copy2(library, work / f"{MODULE}.so")
-        (work / _MARKER).write_text(source_hash() + "\n")
-        if final.exists():  # another build finished first
-            shutil.rmtree(work)
-        else:
-            os.replace(work, final)
+        publish(work, final, _MARKER, source_hash())
     finally:
         if work.exists():
             shutil.rmtree(work, ignore_errors=True)

@@ -180,10 +180,21 @@ impl VictimStream {
         if self.done {
             return false;
         }
-        let Some(unit) = self.source.pop(sess) else {
+        let Some((key, job, taken)) = self.take_next(sess) else {
             self.done = true;
             return false;
         };
+        self.positions.entry(job).or_default().push(self.keys.len());
+        self.keys.push(key);
+        self.jobs.push(job);
+        self.taken.push(taken);
+        true
+    }
+
+    /// Pop the source's next unit and take from it (what is left of it goes back): the
+    /// entry's key, job and tasks.
+    fn take_next(&mut self, sess: &mut Session) -> Option<(i64, usize, Vec<usize>)> {
+        let unit = self.source.pop(sess)?;
         let job = sess.units[unit].job;
         self.in_source.remove(&job);
         let (taken, rest) = take(sess, unit);
@@ -192,12 +203,7 @@ impl VictimStream {
             self.source.push(sess, rest);
             self.single_takes = false;
         }
-        self.positions.entry(job).or_default().push(self.keys.len());
-        let number = unit_order_number(sess, unit);
-        self.keys.push(-number);
-        self.jobs.push(job);
-        self.taken.push(taken);
-        true
+        Some((-unit_order_number(sess, unit), job, taken))
     }
 
     /// Carry the stream over to the next state, where the jobs in `touched` have new units in
@@ -238,16 +244,7 @@ impl VictimStream {
                     Some(top) if top < last => {}
                     _ => break,
                 }
-                let unit = self.source.pop(sess).expect("a unit under the top key");
-                let job = sess.units[unit].job;
-                self.in_source.remove(&job);
-                let (taken, rest) = take(sess, unit);
-                if let Some(rest) = rest {
-                    let rest = new_unit(sess, job, rest);
-                    self.source.push(sess, rest);
-                    self.single_takes = false;
-                }
-                new.push((-unit_order_number(sess, unit), job, taken));
+                new.push(self.take_next(sess).expect("a unit under the top key"));
             }
         }
         // merge by key (both in key order; keys are distinct: one entry per job)
