@@ -10,6 +10,8 @@ placement option. The first run builds the module (cargo; cached per version of 
 from __future__ import annotations
 
 import dataclasses
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -180,6 +182,35 @@ def test_a_reclaim_decided_by_an_exact_ratio_tie() -> None:
     result = both(Snapshot(nodes, queues, tuple(jobs)), SchedulerConfig(), 0.0)
     assert result.queues["P"].fair_share[2] == 2.0 and result.queues["V"].fair_share[2] == 4.0
     assert result.evictions == [] and result.pods["rp"].status == "Pending"
+
+
+def test_other_threads_run_during_the_cycle() -> None:
+    """The Rust cycle releases the GIL: `kai-ray run`'s other threads (pod grouper, leader
+    election, webhook) keep running. Holding it, a thread beating every millisecond stalled for
+    nearly the whole call (0.16 s of 0.18 at 2,000 nodes); released, for the snapshot reading
+    and the result building only."""
+    snapshot = cluster(2000)
+    schedule(snapshot, SchedulerConfig(), 0.0, core="native")  # memory faulted in once
+    stamps: list[float] = []
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.is_set():
+            stamps.append(time.perf_counter())
+            time.sleep(0.001)
+
+    thread = threading.Thread(target=beat)
+    thread.start()
+    time.sleep(0.05)
+    start = time.perf_counter()
+    schedule(snapshot, SchedulerConfig(), 0.0, core="native")
+    end = time.perf_counter()
+    stop.set()
+    thread.join()
+    inside = [s for s in stamps if start <= s <= end]
+    stall = max(b - a for a, b in zip([start, *inside], [*inside, end], strict=True))
+    took = end - start
+    assert stall < took / 2, f"a thread stalled {stall:.3f} s of a {took:.3f} s cycle"
 
 
 def test_clock_times_each_action() -> None:

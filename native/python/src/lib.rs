@@ -457,24 +457,29 @@ fn schedule<'py>(
         Ok(input) => input,
         Err(Unsupported(why)) => return Ok(PyString::new(py, &why).into_any()),
     };
-    let mut clock_error: Option<PyErr> = None;
-    let mut tick = || -> Option<f64> {
-        if clock.is_none() {
-            return None;
-        }
-        match clock.call0().and_then(|v| v.extract::<f64>()) {
-            Ok(v) => Some(v),
-            Err(e) => {
-                clock_error.get_or_insert(e);
-                None
-            }
-        }
-    };
-    let out =
-        kai_ray_core::schedule(snap, core_config, now, &mut tick).map_err(PyValueError::new_err)?;
+    // the cycle itself touches no Python object: other threads of the process (the pod
+    // grouper, leader election, the webhook) run meanwhile; only the clock, if any, attaches
+    let clock: Option<Py<PyAny>> =
+        if clock.is_none() { None } else { Some(clock.clone().unbind()) };
+    let (out, clock_error) = py.detach(move || {
+        let mut clock_error: Option<PyErr> = None;
+        let mut tick = || -> Option<f64> {
+            let clock = clock.as_ref()?;
+            Python::attach(|py| match clock.bind(py).call0().and_then(|v| v.extract::<f64>()) {
+                Ok(v) => Some(v),
+                Err(e) => {
+                    clock_error.get_or_insert(e);
+                    None
+                }
+            })
+        };
+        let out = kai_ray_core::schedule(snap, core_config, now, &mut tick);
+        (out, clock_error)
+    });
     if let Some(e) = clock_error {
         return Err(e);
     }
+    let out = out.map_err(PyValueError::new_err)?;
     build_result(py, &out, &names, &queue_objects, &types)
 }
 
