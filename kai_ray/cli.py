@@ -180,7 +180,7 @@ def _choose_core(core: str) -> int:
 
     try:
         schedule.set_default_core(core)  # type: ignore[arg-type]
-        if core == "native" and schedule.native_core() is None:
+        if core == "native" and schedule.native_core(refresh=True) is None:
             print("kai-ray: --core native: the native core is not built (python3 -m "
                   "kai_ray.testing.native_core builds it and prints where)", file=sys.stderr)
             return 2

@@ -50,6 +50,7 @@ class _Choice:
     def __init__(self) -> None:
         self.default: Core = "auto"
         self.native: ModuleType | None = None
+        self.looked = False  # the import was tried (a failed one is not retried every cycle)
 
 
 _CHOICE = _Choice()
@@ -65,10 +66,12 @@ def set_default_core(core: Core) -> Core:
     return before
 
 
-def native_core() -> ModuleType | None:
+def native_core(refresh: bool = False) -> ModuleType | None:
     """The Rust core when it is importable (built: see kai_ray.testing.native_core), else None.
-    A module of another calling convention is refused rather than half-used."""
-    if _CHOICE.native is None:
+    A failed import is remembered: `refresh` tries again (a module put on sys.path since). A
+    module of another calling convention is refused rather than half-used."""
+    if _CHOICE.native is None and (refresh or not _CHOICE.looked):
+        _CHOICE.looked = True
         try:
             module = importlib.import_module(NATIVE_MODULE)
         except ImportError:
@@ -125,7 +128,7 @@ def schedule(snapshot: Snapshot, config: SchedulerConfig | None = None, now: flo
     gc.disable()
     try:
         if choice != "python":
-            native = native_core()
+            native = native_core(refresh=choice == "native")
             if native is None and choice == "native":
                 raise RuntimeError(f"the native core ({NATIVE_MODULE}) is not built: "
                                    "python3 -m kai_ray.testing.native_core prints where it is")
@@ -141,9 +144,8 @@ def schedule(snapshot: Snapshot, config: SchedulerConfig | None = None, now: flo
             gc.enable()
 
 
-def _schedule(snapshot: Snapshot, config: SchedulerConfig | None, now: float,
+def _schedule(snapshot: Snapshot, config: SchedulerConfig, now: float,
               clock: Clock | None) -> CycleResult:
-    config = config or SchedulerConfig()
     sess = Session(snapshot, config, now)
     compute_fair_share(sess)
     result = CycleResult()

@@ -46,7 +46,7 @@ SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
 @pytest.fixture(scope="module", autouse=True)
 def native() -> None:
     native_core.use(native_core.build())
-    assert core_schedule.native_core() is not None
+    assert core_schedule.native_core(refresh=True) is not None
 
 
 def _fields(result: CycleResult) -> dict[str, object]:
@@ -186,9 +186,9 @@ def test_a_reclaim_decided_by_an_exact_ratio_tie() -> None:
 
 def test_other_threads_run_during_the_cycle() -> None:
     """The Rust cycle releases the GIL: `kai-ray run`'s other threads (pod grouper, leader
-    election, webhook) keep running. Holding it, a thread beating every millisecond stalled for
-    nearly the whole call (0.16 s of 0.18 at 2,000 nodes); released, for the snapshot reading
-    and the result building only."""
+    election, webhook) keep running. A binding holding it stalls a thread beating every
+    millisecond for nearly the whole call (this fails then); released, the thread waits only
+    while the snapshot is read and the result built."""
     snapshot = cluster(2000)
     schedule(snapshot, SchedulerConfig(), 0.0, core="native")  # memory faulted in once
     stamps: list[float] = []
@@ -211,6 +211,27 @@ def test_other_threads_run_during_the_cycle() -> None:
     stall = max(b - a for a, b in zip([start, *inside], [*inside, end], strict=True))
     took = end - start
     assert stall < took / 2, f"a thread stalled {stall:.3f} s of a {took:.3f} s cycle"
+
+
+def test_a_missing_native_core_is_looked_for_once(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """Without the module, "auto" runs the Python core and does not retry the import every
+    cycle; asking for "native" looks again (it may have been put on sys.path since)."""
+    tried: list[str] = []
+
+    def missing(name: str) -> object:
+        tried.append(name)
+        raise ImportError(name)
+
+    monkeypatch.setattr(core_schedule.importlib, "import_module", missing)
+    monkeypatch.setattr(core_schedule, "_CHOICE", core_schedule._Choice())
+    snapshot = cluster(5)
+    for now in (0.0, 1.0, 2.0):
+        assert_same(schedule(snapshot, SchedulerConfig(), now),
+                    schedule(snapshot, SchedulerConfig(), now, core="python"))
+    assert tried == ["kai_ray_native"]
+    with pytest.raises(RuntimeError, match="not built"):
+        schedule(snapshot, SchedulerConfig(), 0.0, core="native")
+    assert tried == ["kai_ray_native"] * 2
 
 
 def test_clock_times_each_action() -> None:

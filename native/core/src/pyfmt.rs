@@ -43,11 +43,6 @@ pub fn round2(x: f64) -> f64 {
     text.parse().unwrap_or(x)
 }
 
-/// `str(x)` of a Python int
-pub fn int(x: i64) -> String {
-    x.to_string()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -15,7 +15,8 @@ use crate::state::{Amounts, EvictMessage, Session};
 pub struct PodOutcome {
     pub status: PodStatus,
     pub node: i32,
-    pub groups: Vec<u32>,
+    /// None: the pod's devices in the snapshot, unchanged
+    pub groups: Option<Vec<u32>>,
 }
 
 pub struct Bind {
@@ -171,7 +172,7 @@ fn collect(
         pods.push(PodOutcome {
             status: reported(live.status),
             node: live.node,
-            groups: live.groups.clone(),
+            groups: (live.groups != task.orig_groups).then(|| live.groups.clone()),
         });
         if task.orig_status == PodStatus::Pending && live.status == PodStatus::Allocated {
             let portion =

@@ -14,8 +14,6 @@ use crate::model::{
     Constraints, PodStatus, Request, SchedulerConfig, Snapshot, MIN_NODE_GPU_MEMORY_MIB,
 };
 
-pub const CPU: usize = 0;
-pub const MEM: usize = 1;
 pub const GPU: usize = 2;
 pub const MILLI: i64 = 1000;
 
@@ -33,7 +31,7 @@ pub struct Task {
     pub node: i32,
     pub groups: Vec<u32>,
     pub orig_status: PodStatus,
-    pub orig_node: i32,
+    /// the pod's devices in the snapshot (its outcome reports whether they changed)
     pub orig_groups: Vec<u32>,
     pub task_priority: Option<i64>,
     pub created: f64,
@@ -513,7 +511,6 @@ impl Session {
                     node,
                     groups: groups.clone(),
                     orig_status: pod.status,
-                    orig_node: node,
                     orig_groups: groups,
                     task_priority: pod.task_priority,
                     created: pod.created,
@@ -1136,7 +1133,6 @@ impl Session {
             node: -1,
             groups: Vec::new(),
             orig_status: PodStatus::Pending,
-            orig_node: -1,
             orig_groups: Vec::new(),
             task_priority: t.task_priority,
             created: t.created,

@@ -88,7 +88,6 @@ fn pairs(obj: &Bound<'_, PyAny>) -> Conv<Vec<(String, String)>> {
 struct Names {
     pod_names: Vec<Py<PyAny>>,
     pod_groups: Vec<Py<PyAny>>,
-    pod_namespaces: Vec<Py<PyAny>>,
     job_names: Vec<Py<PyAny>>,
     job_namespaces: Vec<Py<PyAny>>,
     /// the job of each pod, in snapshot order
@@ -225,7 +224,6 @@ fn read_jobs(snapshot: &Bound<'_, PyAny>, out: &mut Snapshot) -> Conv<Names> {
     let mut names = Names {
         pod_names: Vec::new(),
         pod_groups: Vec::new(),
-        pod_namespaces: Vec::new(),
         job_names: Vec::new(),
         job_namespaces: Vec::new(),
         pod_job: Vec::new(),
@@ -341,7 +339,6 @@ fn read_jobs(snapshot: &Bound<'_, PyAny>, out: &mut Snapshot) -> Conv<Names> {
             });
             names.pod_names.push(pod_name.unbind());
             names.pod_groups.push(groups_obj.unbind());
-            names.pod_namespaces.push(pod_namespace.unbind());
             names.pod_job.push(job_index);
         }
         out.jobs.push(Job {
@@ -514,13 +511,10 @@ fn build_result<'py>(
     let pods = PyDict::new(py);
     for (i, outcome) in out.pods.iter().enumerate() {
         // a pod keeps its own device-id tuple when its devices did not change
-        let original = names.pod_groups[i].bind(py);
-        let same = original.len()? == outcome.groups.len()
-            && outcome.groups.iter().zip(original.try_iter()?).all(|(&g, o)| {
-                o.map(|o| o.extract::<String>().map(|s| s == out.gids[g as usize]).unwrap_or(false))
-                    .unwrap_or(false)
-            });
-        let gpu_groups = if same { original.clone() } else { groups(&outcome.groups)?.into_any() };
+        let gpu_groups = match &outcome.groups {
+            None => names.pod_groups[i].bind(py).clone(),
+            Some(ids) => groups(ids)?.into_any(),
+        };
         let value =
             types.outcome.call1((status(outcome.status), node(outcome.node), gpu_groups))?;
         pods.set_item(names.pod_names[i].bind(py), value)?;
