@@ -179,6 +179,34 @@ def test_scheduler_values_reach_kai_ray_run(helm: str, tmp_path: Path) -> None:
     assert "--lease-namespace=kai-ray" in args
 
 
+def test_reservation_values_reach_the_binder_and_its_rbac(helm: str, tmp_path: Path) -> None:
+    docs = render(helm, "reservation.image.repository=registry.example/kai/reservation",
+                  "reservation.image.tag=v9", "reservation.timeoutSeconds=30",
+                  "reservation.serviceAccountName=holder")
+    path = tmp_path / "config.yaml"
+    path.write_text(by_kind(docs, "ConfigMap")["kai-ray-scheduler"]["data"]["config.yaml"])
+    binder = load_config(str(path)).binder
+    assert binder.reservation_image == "registry.example/kai/reservation:v9"
+    assert binder.reservation_timeout_s == 30
+    assert binder.reservation_service_account == "holder"
+    # the reservation pods' own account: get and patch pods in their namespace, nothing else
+    sa = by_kind(docs, "ServiceAccount")["holder"]
+    assert sa["metadata"]["namespace"] == "kai-resource-reservation"
+    role = by_kind(docs, "Role")["kai-ray-reservation"]
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"],
+                              "verbs": ["get", "patch"]}]
+    binding = by_kind(docs, "RoleBinding")["kai-ray-reservation"]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "holder",
+                                    "namespace": "kai-resource-reservation"}]
+    ns = by_kind(docs, "Namespace")["kai-resource-reservation"]
+    assert ns["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    # by default the image is the chart's own version of kai-ray's reservation image
+    default = render(helm)
+    path.write_text(by_kind(default, "ConfigMap")["kai-ray-scheduler"]["data"]["config.yaml"])
+    assert load_config(str(path)).binder.reservation_image.startswith(
+        "ghcr.io/kai-ray/reservation:")
+
+
 def test_gpu_sharing_value_reaches_the_webhook(helm: str) -> None:
     for value, flag in (("true", "--gpu-sharing=on"), ("false", "--gpu-sharing=off")):
         docs = render(helm, f"gpuSharing.enabled={value}")

@@ -33,7 +33,7 @@ def load_config(path: str | None) -> LoopConfig:
 
 def _loop_config(file: config_file.ConfigFile) -> LoopConfig:
     core, period = file.scheduler()
-    return LoopConfig(period_s=period, core=core)
+    return LoopConfig(period_s=period, core=core, binder=file.binder())
 
 
 def client_connection(args: argparse.Namespace,

@@ -143,8 +143,9 @@ class SchedulerLoop:
         # let the next cycle decide the same pod again (the API server refuses: 409)
         bound_until = time.monotonic() + ASSUME_SECONDS
         for b in result.binds:
-            self.assumed[f"{b.namespace}/{b.pod}"] = _Assumed(PodStatus.BOUND, b.node,
-                                                              b.gpu_groups, bound_until)
+            key = f"{b.namespace}/{b.pod}"
+            if key in self.binder.last_bound:  # not one waiting for its GPU reservation pod
+                self.assumed[key] = _Assumed(PodStatus.BOUND, b.node, b.gpu_groups, bound_until)
         self.status.pending(result, podgroups, pods)
         self.status.clear_scheduled(podgroups.values(), set(result.job_status))
         self.status.stale(result, podgroups)
@@ -152,7 +153,7 @@ class SchedulerLoop:
         for problem in problems:
             log.warning("%s", problem)
         if self.config.reservation_gc:
-            self.binder.collect_reservations(pods.values())
+            self.binder.collect_reservations(pods.values(), podgroups.values())
 
     # ------------------------------------------------------------------ RayJob suspension
     def _suspend_instead(self, result: CycleResult, snapshot: Snapshot,

@@ -7,9 +7,17 @@ neither re-decides them nor gives their room away, and `resume()` finishes the b
 therefore never left partly bound by a crash.
 
 GPU sharing as KAI does it: one reservation pod per shared device (namespace
-`kai-resource-reservation`, `nvidia.com/gpu: 1`, pinned to the node) whose device plugin reports
-the physical GPU id in annotation `run.ai/reserve_for_gpu_index`; sharing pods carry label
-`runai-gpu-group` and get a per-pod ConfigMap with NVIDIA_VISIBLE_DEVICES and GPU_PORTION.
+`kai-resource-reservation`, `nvidia.com/gpu: 1`, pinned to the node) whose own program
+(`kai_ray.reservation`) reports the physical GPU id in annotation `run.ai/reserve_for_gpu_index`;
+sharing pods carry label `runai-gpu-group` and get a per-pod ConfigMap with
+NVIDIA_VISIBLE_DEVICES and GPU_PORTION.
+
+The binder never waits for a reservation pod. A sharing pod whose device has not been reported
+yet stays in its gang's bind intent (so it keeps its place, as Binding) and is bound by a later
+cycle's `resume()` once the annotation is there. A reservation pod that fails, or reports nothing
+within `reservation_timeout_s` of its creation, is deleted and its waiting pods are taken out of
+the intent (back to Pending, their capacity released), with an event and a PodScheduled
+condition on each that name the reservation pod.
 """
 
 from __future__ import annotations
@@ -25,6 +33,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from kai_ray import __version__
 from kai_ray.core.result import Bind, CycleResult
 from kai_ray.grouping import admission
 from kai_ray.k8s import convert, rawapi
@@ -39,11 +48,30 @@ GPU_INDEX_ANNOTATION = "run.ai/reserve_for_gpu_index"
 CONFIGMAP_ANNOTATION = "runai/shared-gpu-configmap"
 
 
+RESERVATION_IMAGE = f"kai-ray/reservation:{__version__}"
+RESERVATION_SERVICE_ACCOUNT = "kai-ray-reservation"
+RESERVATION_UID = 65532
+# the reservation namespace holds nothing but reservation pods: the strictest standard fits
+PSS_LABELS = {"pod-security.kubernetes.io/enforce": "restricted",
+              "pod-security.kubernetes.io/enforce-version": "latest"}
+
+
 @dataclass
 class BinderConfig:
-    reservation_timeout_s: float = 40.0
+    # from a reservation pod's creation until it must have reported its device
+    reservation_timeout_s: float = 120.0
     workers: int = 16  # gangs bound at the same time
-    reservation_image: str = "registry.k8s.io/pause:3.10"
+    # kai-ray's (operator/reservation.Dockerfile); KAI's resource-reservation image works too
+    reservation_image: str = RESERVATION_IMAGE
+    reservation_service_account: str = RESERVATION_SERVICE_ACCOUNT
+
+
+class ReservationFailed(RuntimeError):
+    """A reservation pod failed or never reported; the message names it and says why."""
+
+    def __init__(self, pod_name: str, message: str) -> None:
+        super().__init__(message)
+        self.pod_name = pod_name
 
 
 class Binder:
@@ -56,6 +84,10 @@ class Binder:
         self.config = config or BinderConfig()
         self.bound_total = 0
         self.reservation_ns_ready = False
+        # when a sharing pod was first seen waiting for its reservation pod (monotonic)
+        self._waiting_since: dict[str, float] = {}
+        # "namespace/name" of the pods the last apply_binds bound (others wait or failed)
+        self.last_bound: set[str] = set()
         self.pool = ThreadPoolExecutor(max_workers=max(1, self.config.workers),
                                        thread_name_prefix="binder")
 
@@ -98,6 +130,7 @@ class Binder:
         """Bind the cycle's decisions, gangs concurrently. Jobs in `starting` (none of their
         pods ran before) get the last-start annotation once a bind succeeded, in the same
         PodGroup patch that clears a gang's intent (a separate one for a single pod)."""
+        self.last_bound = set()
         by_job: dict[str, list[Bind]] = {}
         for b in result.binds:
             by_job.setdefault(b.job, []).append(b)
@@ -108,8 +141,9 @@ class Binder:
                 return 0
             stamp = ({convert.LAST_START_ANNOTATION: convert.now_rfc3339()} if job in starting
                      else {})
-            if len(binds) == 1:
-                # one Binding is atomic: nothing can be left half done, no intent needed
+            if len(binds) == 1 and not binds[0].gpu_groups:
+                # one Binding is atomic: nothing can be left half done, no intent needed (a
+                # shared-GPU pod has one: it may wait cycles for its reservation pod)
                 done = self._bind_gang(pg, binds, pods, intent=False)
                 if done and stamp:
                     rawapi.annotate_quietly(self.api, PG_GROUP, PG_VERSION, PG_PLURAL,
@@ -143,7 +177,10 @@ class Binder:
                 continue
             try:
                 if b.gpu_groups:
-                    self._prepare_shared_gpu(pod, b)
+                    devices = self._reserved_devices(pod, b, pods)
+                    if devices is None:
+                        continue  # stays in the intent: a later cycle binds it
+                    self._prepare_shared_gpu(pod, b, devices)
                 self._bind(pod, b.node)
             except ApiException as e:
                 if e.status in (404, 409, 422):
@@ -151,12 +188,14 @@ class Binder:
                 log.warning("bind %s/%s -> %s failed: %s %s", b.namespace, b.pod, b.node,
                             e.status, e.reason)
                 continue
-            except ReservationTimeout as e:
-                log.warning("%s", e)
+            except ReservationFailed as e:
+                self._give_up(pod, e)
+                finished.append(b.pod)  # out of the intent: Pending again, room released
                 continue
             finished.append(b.pod)
             done += 1
             self.bound_total += 1
+            self.last_bound.add(f"{b.namespace}/{b.pod}")
             self.events.emit(pod, "Scheduled",
                              f"Successfully assigned {b.namespace}/{b.pod} to {b.node}")
         if finished and intent:
@@ -179,38 +218,81 @@ class Binder:
         rawapi.bind(self.api, m["namespace"], m["name"], m.get("uid"), node)
 
     # ------------------------------------------------------------------ GPU sharing
-    def _ensure_reservation_namespace(self) -> None:
+    def _ensure_reservation_access(self) -> None:
+        """The reservation namespace, and the ServiceAccount its pods report with (allowed to
+        get and patch pods there, nothing else). The chart creates them and grants the
+        scheduler none of these writes (403): then they are only checked."""
         if self.reservation_ns_ready:
             return
-        try:
-            self.core.create_namespace({"metadata": {"name": convert.RESERVATION_NAMESPACE}})
-        except ApiException as e:
-            if e.status == 403:  # the Helm chart creates it and grants no namespace create
-                self.core.read_namespace(convert.RESERVATION_NAMESPACE)
-            elif e.status != 409:
-                raise
+        ns = convert.RESERVATION_NAMESPACE
+        sa = self.config.reservation_service_account
+        role = {"metadata": {"name": sa, "namespace": ns},
+                "rules": [{"apiGroups": [""], "resources": ["pods"],
+                           "verbs": ["get", "patch"]}]}
+        binding = {"metadata": {"name": sa, "namespace": ns},
+                   "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                               "name": sa},
+                   "subjects": [{"kind": "ServiceAccount", "name": sa, "namespace": ns}]}
+        rbac = client.RbacAuthorizationV1Api(self.api)
+        creates = [
+            lambda: self.core.create_namespace({"metadata": {"name": ns, "labels": PSS_LABELS}}),
+            lambda: self.core.create_namespaced_service_account(
+                ns, {"metadata": {"name": sa, "namespace": ns}}),
+            lambda: rbac.create_namespaced_role(ns, role),
+            lambda: rbac.create_namespaced_role_binding(ns, binding),
+        ]
+        forbidden = False
+        for create in creates:
+            try:
+                create()
+            except ApiException as e:
+                if e.status == 403:
+                    forbidden = True
+                elif e.status != 409:
+                    raise
+        if forbidden:  # installed by the chart? The pods cannot report without the account
+            try:
+                self.core.read_namespaced_service_account(sa, ns)
+            except ApiException as e:
+                log.error("reservation pods need ServiceAccount %s/%s (get/patch pods in %s), "
+                          "which is missing (%s) and kai-ray may not create it: install the "
+                          "chart, or create it as docs/gpu-sharing.md shows", ns, sa, ns,
+                          e.status)
         self.reservation_ns_ready = True
 
-    def _reservation(self, node: str, group: str) -> Obj | None:
-        pods = self.core.list_namespaced_pod(
-            convert.RESERVATION_NAMESPACE, label_selector=f"{convert.GPU_GROUP_LABEL}={group}",
-            _preload_content=False)
-        items: list[Obj] = json.loads(pods.data).get("items") or []
-        live = [p for p in items if not p["metadata"].get("deletionTimestamp")]
-        return live[0] if live else None
+    @staticmethod
+    def reservation_name(node: str, group: str) -> str:
+        return f"gpu-reservation-{node}-{group}"[:63].rstrip("-.").lower()
 
     def _create_reservation(self, node: str, group: str) -> None:
-        self._ensure_reservation_namespace()
-        name = f"gpu-reservation-{node}-{group}"[:63].rstrip("-.").lower()
+        self._ensure_reservation_access()
+        name = self.reservation_name(node, group)
+        field_env = [{"name": var, "valueFrom": {"fieldRef": {"fieldPath": path}}}
+                     for var, path in (("POD_NAME", "metadata.name"),
+                                       ("POD_NAMESPACE", "metadata.namespace"))]
         body = {
             "metadata": {"name": name, "namespace": convert.RESERVATION_NAMESPACE,
                          "labels": {"app": RESERVATION_APP, convert.GPU_GROUP_LABEL: group},
                          "annotations": {"karpenter.sh/do-not-disrupt": "true"}},
-            "spec": {"nodeName": node, "restartPolicy": "Never",
-                     "tolerations": [{"operator": "Exists"}],
-                     "containers": [{"name": "reservation", "image": self.config.reservation_image,
-                                     "resources": {"limits": {convert.GPU: "1"},
-                                                   "requests": {convert.GPU: "1"}}}]},
+            "spec": {
+                "nodeName": node, "restartPolicy": "Never",
+                "serviceAccountName": self.config.reservation_service_account,
+                "automountServiceAccountToken": True,
+                "terminationGracePeriodSeconds": 5,
+                "tolerations": [{"operator": "Exists"}],
+                # the "restricted" Pod Security Standard (the namespace enforces it)
+                "securityContext": {"runAsNonRoot": True, "runAsUser": RESERVATION_UID,
+                                    "runAsGroup": RESERVATION_UID,
+                                    "seccompProfile": {"type": "RuntimeDefault"}},
+                "containers": [{
+                    "name": "reservation", "image": self.config.reservation_image,
+                    "imagePullPolicy": "IfNotPresent", "env": field_env,
+                    "resources": {"limits": {convert.GPU: "1", "memory": "64Mi"},
+                                  "requests": {convert.GPU: "1", "cpu": "5m",
+                                               "memory": "32Mi"}},
+                    "securityContext": {"allowPrivilegeEscalation": False,
+                                        "readOnlyRootFilesystem": True,
+                                        "capabilities": {"drop": ["ALL"]}}}]},
         }
         try:
             self.core.create_namespaced_pod(convert.RESERVATION_NAMESPACE, body)
@@ -218,28 +300,84 @@ class Binder:
             if e.status != 409:
                 raise
 
-    def _device_id(self, node: str, group: str) -> str:
-        """The physical GPU id the reservation pod's device plugin reported for `group`."""
-        deadline = time.monotonic() + self.config.reservation_timeout_s
-        created = False
-        while True:
-            pod = self._reservation(node, group)
-            if pod is None and not created:
-                self._create_reservation(node, group)
-                created = True
-            elif pod is not None:
-                gpu = (pod["metadata"].get("annotations") or {}).get(GPU_INDEX_ANNOTATION)
-                if gpu:
-                    return str(gpu)
-            if time.monotonic() > deadline:
-                raise ReservationTimeout(
-                    f"reservation pod for GPU group {group} on {node} reported no device id "
-                    f"(annotation {GPU_INDEX_ANNOTATION}) within "
-                    f"{self.config.reservation_timeout_s:.0f}s")
-            time.sleep(0.2)
+    def _reserved_devices(self, pod: Obj, b: Bind, pods: dict[str, Obj]) -> list[str] | None:
+        """The physical GPU ids the reservation pods of `b`'s groups reported, or None while
+        one has not yet (it is created if missing); raises ReservationFailed when one failed
+        or its time is up."""
+        devices: list[str] = []
+        waiting: list[str] = []
+        for group in b.gpu_groups:
+            name = self.reservation_name(b.node, group)
+            res = pods.get(f"{convert.RESERVATION_NAMESPACE}/{name}")
+            if res is None or (res.get("metadata") or {}).get("deletionTimestamp"):
+                self._create_reservation(b.node, group)
+                waiting.append(f"{name} (just created)")
+                continue
+            device = (res["metadata"].get("annotations") or {}).get(GPU_INDEX_ANNOTATION)
+            if device:
+                devices.append(str(device))
+                continue
+            waiting.append(self._check_reservation(res))
+        if not waiting:
+            return devices
+        self.events.emit(pod, "WaitingForGPUReservation",
+                         f"waiting for GPU reservation pod {convert.RESERVATION_NAMESPACE}/"
+                         f"{'; '.join(waiting)} to report its device (annotation "
+                         f"{GPU_INDEX_ANNOTATION}) before binding to {b.node}")
+        return None
 
-    def _prepare_shared_gpu(self, pod: Obj, b: Bind) -> None:
-        devices = [self._device_id(b.node, g) for g in b.gpu_groups]
+    def _check_reservation(self, res: Obj) -> str:
+        """How a reservation pod that has not reported is doing; raises ReservationFailed when
+        it ended or waited past the deadline (counted from when this binder first saw it)."""
+        m = res["metadata"]
+        status = res.get("status") or {}
+        state = ""
+        for cs in status.get("containerStatuses") or []:
+            for kind in ("terminated", "waiting"):
+                detail = (cs.get("state") or {}).get(kind)
+                if detail:
+                    state = ": ".join(x for x in (detail.get("reason"), detail.get("message"))
+                                      if x)
+        where = f"{convert.RESERVATION_NAMESPACE}/{m['name']}"
+        if status.get("phase") in ("Failed", "Succeeded"):
+            raise ReservationFailed(m["name"], f"GPU reservation pod {where} ended "
+                                    f"({status.get('phase')}) without reporting its device"
+                                    f"{': ' + state if state else ''}")
+        key = m.get("uid") or m["name"]
+        since = self._waiting_since.setdefault(key, time.monotonic())
+        waited = time.monotonic() - since
+        if waited > self.config.reservation_timeout_s:
+            raise ReservationFailed(
+                m["name"], f"GPU reservation pod {where} did not report its device (annotation "
+                f"{GPU_INDEX_ANNOTATION}) within {self.config.reservation_timeout_s:.0f}s"
+                f"{' (' + state + ')' if state else ''}; is kai-ray's reservation image "
+                f"({self.config.reservation_image}) runnable on the node, and does the node "
+                "run a GPU device plugin?")
+        return f"{m['name']} ({status.get('phase') or 'Pending'}"\
+               f"{', ' + state if state else ''}, {waited:.0f}s)"
+
+    def _give_up(self, pod: Obj, failure: ReservationFailed) -> None:
+        """Delete the failed reservation pod and tell the pod that waited for it."""
+        try:
+            self.core.delete_namespaced_pod(failure.pod_name, convert.RESERVATION_NAMESPACE)
+        except ApiException as e:
+            if e.status != 404:
+                log.warning("reservation pod %s not deleted: %s", failure.pod_name, e.status)
+        m = pod["metadata"]
+        message = f"{failure}; the pod goes back to Pending and is scheduled again"
+        log.warning("pod %s/%s: %s", m["namespace"], m["name"], message)
+        self.events.emit(pod, "GPUReservationFailed", message, type_="Warning")
+        body = {"status": {"conditions": [{
+            "type": "PodScheduled", "status": "False", "reason": "GPUReservationFailed",
+            "message": message, "lastTransitionTime": convert.now_rfc3339()}]}}
+        try:
+            self.core.patch_namespaced_pod_status(m["name"], m["namespace"], body)
+        except ApiException as e:
+            if e.status != 404:
+                log.warning("pod %s/%s condition not written: %s", m["namespace"], m["name"],
+                            e.status)
+
+    def _prepare_shared_gpu(self, pod: Obj, b: Bind, devices: list[str]) -> None:
         m = pod["metadata"]
         labels: dict[str, str] = {}
         if len(b.gpu_groups) == 1:
@@ -264,9 +402,14 @@ class Binder:
                 raise
             self.core.replace_namespaced_config_map(cm["metadata"]["name"], m["namespace"], cm)
 
-    def collect_reservations(self, pods: Iterable[Obj]) -> int:
-        """Delete reservation pods whose device no pod shares any more."""
+    def collect_reservations(self, pods: Iterable[Obj], podgroups: Iterable[Obj] = ()) -> int:
+        """Delete reservation pods whose device no pod shares any more. A device counts as
+        shared by running pods (their group labels) and by pods still waiting in a bind
+        intent for their reservation pod to report."""
         in_use: set[str] = set()
+        for pg in podgroups:
+            for entry in convert.bind_intent(pg).values():
+                in_use.update(entry.get("gpu_groups") or ())
         reservations: list[Obj] = []
         for pod in pods:
             m = pod.get("metadata") or {}
@@ -278,6 +421,9 @@ class Binder:
             if phase in ("Succeeded", "Failed"):
                 continue
             in_use.update(convert.gpu_groups(pod))
+        seen = {r["metadata"].get("uid") or r["metadata"]["name"] for r in reservations}
+        for key in set(self._waiting_since) - seen:
+            del self._waiting_since[key]
         removed = 0
         for r in reservations:
             group = (r["metadata"].get("labels") or {}).get(convert.GPU_GROUP_LABEL)
@@ -311,10 +457,6 @@ class Binder:
         self.events.emit(pod, "Preempted" if action != "stalegangeviction" else "Evicted",
                          message, dedupe=False)
         return True
-
-
-class ReservationTimeout(RuntimeError):
-    pass
 
 
 def last_start_needed(pg: Obj) -> bool:

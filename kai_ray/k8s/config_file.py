@@ -2,7 +2,8 @@
 
 Keys: cyclePeriodSeconds, placement {gpu, cpu: binpack|spread}, gpuPacking, stalenessGracePeriod-
 Seconds, actions, maxConsolidationPreemptees, clientConnection {qps, burst} (kube-scheduler's
-KubeSchedulerConfiguration keys for the API client's rate limit). Unknown keys and bad values stop
+KubeSchedulerConfiguration keys for the API client's rate limit), reservation {image,
+serviceAccountName, timeoutSeconds} (the GPU reservation pods). Unknown keys and bad values stop
 with a message naming the file and the key.
 """
 
@@ -16,10 +17,12 @@ import yaml
 
 from kai_ray.core.model import NodePlacement, SchedulerConfig
 from kai_ray.core.packing import POLICIES
+from kai_ray.k8s.binder import BinderConfig
 from kai_ray.k8s.ratelimit import DEFAULT_BURST, DEFAULT_QPS, validate
 
 KEYS = {"cyclePeriodSeconds", "placement", "stalenessGracePeriodSeconds", "actions",
-        "maxConsolidationPreemptees", "gpuPacking", "clientConnection"}
+        "maxConsolidationPreemptees", "gpuPacking", "clientConnection", "reservation"}
+RESERVATION_KEYS = {"image", "serviceAccountName", "timeoutSeconds"}
 DEFAULT_PERIOD_S = 1.0
 
 
@@ -47,6 +50,10 @@ class ConfigFile:
     def client_connection(self) -> ClientConnection:
         """clientConnection {qps, burst}; kube-scheduler's defaults (50, 100) when absent."""
         return _client_connection(self.raw, self.path)
+
+    def binder(self) -> BinderConfig:
+        """reservation {image, serviceAccountName, timeoutSeconds}; defaults when absent."""
+        return _binder(self.raw, self.path)
 
 
 def load(path: str | None) -> ConfigFile:
@@ -109,3 +116,32 @@ def _scheduler(raw: dict[str, Any], path: str | None) -> tuple[SchedulerConfig, 
                                                  default.max_consolidation_preemptees)),
         actions=tuple(raw.get("actions") or default.actions))
     return core, float(raw.get("cyclePeriodSeconds", DEFAULT_PERIOD_S))
+
+
+def _binder(raw: dict[str, Any], path: str | None) -> BinderConfig:
+    section = raw.get("reservation") or {}
+    if not isinstance(section, dict):
+        raise SystemExit(f"{path}: reservation: expected a mapping with "
+                         f"{sorted(RESERVATION_KEYS)}")
+    unknown = set(section) - RESERVATION_KEYS
+    if unknown:
+        raise SystemExit(f"{path}: reservation: unknown key(s) {sorted(unknown)}; "
+                         f"known: {sorted(RESERVATION_KEYS)}")
+    default = BinderConfig()
+    texts = {}
+    for key, fallback in (("image", default.reservation_image),
+                          ("serviceAccountName", default.reservation_service_account)):
+        value = section.get(key, fallback)
+        if not isinstance(value, str) or not value.strip():
+            raise SystemExit(f"{path}: reservation.{key}: expected a non-empty string, "
+                             f"got {value!r}")
+        texts[key] = value.strip()
+    timeout = section.get("timeoutSeconds", default.reservation_timeout_s)
+    # bool is an int in Python; NaN and infinities fail the comparison or the bound
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) \
+            or not 0 < timeout < 86_400:
+        raise SystemExit(f"{path}: reservation.timeoutSeconds: expected a number of seconds "
+                         f"above 0 and below 86400, got {timeout!r}")
+    return BinderConfig(reservation_timeout_s=float(timeout),
+                        reservation_image=texts["image"],
+                        reservation_service_account=texts["serviceAccountName"])

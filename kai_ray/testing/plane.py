@@ -20,6 +20,7 @@ import json
 import shutil
 import ssl
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -124,6 +125,10 @@ class ControlPlane(Cluster):
             self._start_controller_manager(bins["kube-controller-manager"])
         if self.with_kwok:
             self._start_kwok(bins["kwok"])
+            # KWOK nodes run no containers: this plays their reservation pods' GPU reports
+            self._spawn("kwok-gpu-reporter", [
+                sys.executable, "-m", "kai_ray.testing.devices",
+                f"--kubeconfig={self.kubeconfig}"])
         if self.with_kube_scheduler:
             self._spawn("kube-scheduler", [
                 str(bins["kube-scheduler"]), f"--kubeconfig={self.kubeconfig}",
@@ -150,7 +155,8 @@ class ControlPlane(Cluster):
 
     def _stop_processes(self) -> None:
         # clients of the API server first, etcd last
-        order = ["ray-operator", "kube-scheduler", "kwok", "kube-controller-manager",
+        order = ["ray-operator", "kube-scheduler", "kwok-gpu-reporter", "kwok",
+                 "kube-controller-manager",
                  "kube-apiserver", "etcd"]
         names = sorted(self.components, key=lambda n: order.index(n) if n in order else -1)
         for name in names:

@@ -89,10 +89,12 @@ class _SlowBinder:
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
+        self.last_bound: set[str] = set()
 
-    def apply_binds(self, *args: object) -> int:
+    def apply_binds(self, result: object, *args: object) -> int:
         time.sleep(self.seconds)
-        return 0
+        self.last_bound = {f"{b.namespace}/{b.pod}" for b in result.binds}  # type: ignore[attr-defined]
+        return len(self.last_bound)
 
     def evict(self, *args: object) -> bool:
         return False

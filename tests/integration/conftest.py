@@ -103,17 +103,7 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
 
 
 @pytest.fixture(scope="session")
-def fake_device_plugin(cluster: Cluster) -> Iterator[object]:
-    """Reports a GPU id for every GPU reservation pod, as NVIDIA's device plugin would."""
-    from kai_ray.testing.devices import FakeDevicePlugin
-
-    plugin = FakeDevicePlugin(cluster.api_client()).start()
-    yield plugin
-    plugin.stop()
-
-
-@pytest.fixture(scope="session")
-def kai_scheduler(cluster: Cluster, fake_device_plugin: object,
+def kai_scheduler(cluster: Cluster,
                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[KaiRayProcess]:
     """`kai-ray run` as its own process against the cluster (killed at the end)."""
     proc = KaiRayProcess(cluster.kubeconfig, tmp_path_factory.mktemp("kai-ray-run"))

@@ -32,7 +32,6 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 
 from kai_ray.testing import binaries
-from kai_ray.testing.devices import FakeDevicePlugin
 from kai_ray.testing.plane import ControlPlane
 from kai_ray.testing.scheduler_process import KaiRayProcess
 from tests.integration.helpers import (
@@ -136,7 +135,6 @@ def scheduler(plane: ControlPlane, sa_kubeconfigs: dict[str, Path], no_webhook_c
     cm = client.CoreV1Api(plane.api_client()).read_namespaced_config_map(SCHEDULER_SA, NS)
     config = work / "config.yaml"
     config.write_text(cm.data["config.yaml"])
-    device_plugin = FakeDevicePlugin(plane.api_client()).start()
     proc = KaiRayProcess(sa_kubeconfigs[SCHEDULER_SA], work, extra_args=[
         "--config", str(config), "--leader-election", "on", "--lease-namespace", NS,
         "--lease-name", "kai-ray-scheduler"])
@@ -144,7 +142,6 @@ def scheduler(plane: ControlPlane, sa_kubeconfigs: dict[str, Path], no_webhook_c
     proc.wait_ready()
     yield proc
     proc.stop()
-    device_plugin.stop()
     assert "Forbidden" not in proc.log_tail(100000), proc.log_tail(200)
 
 

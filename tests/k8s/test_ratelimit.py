@@ -250,3 +250,32 @@ def test_the_limiter_checks_with_the_same_rule() -> None:
     with pytest.raises(ValueError, match="kube-api-burst: expected an integer >= 1"):
         bucket(5, 0)
     assert bucket(-1, 0) is None
+
+
+@pytest.mark.parametrize("text,key", [
+    ("reservation: {timeoutSeconds: 0}", "reservation.timeoutSeconds"),
+    ("reservation: {timeoutSeconds: .nan}", "reservation.timeoutSeconds"),
+    ("reservation: {timeoutSeconds: soon}", "reservation.timeoutSeconds"),
+    ("reservation: {timeoutSeconds: true}", "reservation.timeoutSeconds"),
+    ("reservation: {image: ''}", "reservation.image"),
+    ("reservation: {image: 5}", "reservation.image"),
+    ("reservation: {serviceAccountName: [a]}", "reservation.serviceAccountName"),
+    ("reservation: {imag: x}", "imag"),
+    ("reservation: pause", "reservation")])
+def test_bad_reservation_settings_name_the_key(tmp_path: Path, text: str, key: str) -> None:
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(text + "\n")
+    with pytest.raises(SystemExit, match=key):
+        config_file.load(str(cfg)).binder()
+
+
+def test_reservation_settings_reach_the_binder(tmp_path: Path) -> None:
+    from kai_ray.controller.main import load_config
+    from kai_ray.k8s.binder import BinderConfig
+
+    assert load_config(None).binder == BinderConfig()
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text("reservation: {image: 'kai:1', timeoutSeconds: 7, serviceAccountName: r}\n")
+    binder = load_config(str(cfg)).binder
+    assert (binder.reservation_image, binder.reservation_timeout_s,
+            binder.reservation_service_account) == ("kai:1", 7.0, "r")
