@@ -96,3 +96,74 @@ def test_dev_cluster_with_kuberay_creates_kai_scheduler_pods_and_down_leaves_not
     for name, port in state["ports"].items():
         assert not procs.port_listening(port), f"port {port} ({name}) still listening"
     assert not dev_state.exists()
+
+
+def _pods(state: Path, selector: str) -> list[dict[str, Any]]:
+    return kubectl(state, "get", "pods", "-n", "default", "-l", selector)["items"]
+
+
+def _wait_running(state: Path, selector: str, count: int, proc: Any, timeout: float = 90
+                  ) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout
+    pods: list[dict[str, Any]] = []
+    while time.monotonic() < deadline:
+        pods = _pods(state, selector)
+        if len(pods) == count and all(p["status"].get("phase") == "Running" for p in pods):
+            return pods
+        time.sleep(0.5)
+    phases = {p["metadata"]["name"]: p["status"].get("phase") for p in pods}
+    raise AssertionError(f"{selector}: expected {count} Running, got {phases}\n"
+                         f"{proc.log_tail(60)}")
+
+
+def _configmap_env(state: Path, pod: dict[str, Any]) -> dict[str, str]:
+    prefix = pod["metadata"]["annotations"]["runai/shared-gpu-configmap"]
+    cms = [c for c in kubectl(state, "get", "configmaps", "-n", "default")["items"]
+           if c["metadata"]["name"].startswith(prefix)]
+    assert len(cms) == 1, [c["metadata"]["name"] for c in cms]
+    return dict(cms[0]["data"])
+
+
+def test_fractional_pods_run_on_the_kwok_dev_cluster_as_a_user_runs_it(
+        dev_state: Path, tmp_path: Path) -> None:
+    """`dev-cluster up`, `kai-ray run`, `kubectl apply`: the 0.7 and 0.2 inference Deployments
+    share one device; KubeRay's GPU-sharing sample, unchanged, runs with its two half-GPU
+    workers on one device. Nothing but the dev cluster's KWOK GPU reporter stands in for the
+    reservation pods' program (KWOK runs no containers)."""
+    from kai_ray.testing.scheduler_process import KaiRayProcess
+
+    up = dev_cluster(dev_state, "up", "--nodes", "2", "--gpus-per-node", "2", "--kuberay")
+    assert up.returncode == 0, f"up failed:\n{up.stdout}\n{up.stderr}"
+    assert "kwok-gpu-reporter" in dev_cluster(dev_state, "status").stdout
+    proc = KaiRayProcess(dev_state / "kubeconfig", tmp_path)
+    proc.start()
+    try:
+        proc.wait_ready()
+        sample = binaries.kuberay_sample("ray-cluster.kai-gpu-sharing.yaml")
+        kubectl(dev_state, "create", "-n", "default", "-f", str(sample), as_json=False)
+        root = Path(kai_ray.__file__).resolve().parents[1]
+        kubectl(dev_state, "apply", "-n", "default", "-f",
+                str(root / "ray_samples" / "inference-gpu-fraction.yaml"), as_json=False)
+
+        infer = _wait_running(dev_state, "app in (infer-large,infer-small)", 2, proc)
+        by_app = {p["metadata"]["labels"]["app"]: p for p in infer}
+        groups = {a: p["metadata"]["labels"].get("runai-gpu-group") for a, p in by_app.items()}
+        assert groups["infer-large"] and groups["infer-large"] == groups["infer-small"], groups
+        large, small = (_configmap_env(dev_state, by_app[a]) for a in ("infer-large",
+                                                                        "infer-small"))
+        assert large["NVIDIA_VISIBLE_DEVICES"] == small["NVIDIA_VISIBLE_DEVICES"] != ""
+        assert (large["GPU_PORTION"], small["GPU_PORTION"]) == ("0.70", "0.20")
+
+        ray = _wait_running(dev_state, "ray.io/cluster=raycluster-half-gpu", 3, proc)
+        workers = [p for p in ray if p["metadata"]["labels"]["ray.io/node-type"] == "worker"]
+        envs = [_configmap_env(dev_state, w) for w in workers]
+        assert len(workers) == 2
+        assert envs[0]["NVIDIA_VISIBLE_DEVICES"] == envs[1]["NVIDIA_VISIBLE_DEVICES"] != ""
+        assert {e["GPU_PORTION"] for e in envs} == {"0.50"}
+        assert workers[0]["spec"]["nodeName"] == workers[1]["spec"]["nodeName"]
+        # one reservation pod per shared device, each reported
+        res = kubectl(dev_state, "get", "pods", "-n", "kai-resource-reservation")["items"]
+        devices = {p["metadata"]["annotations"]["run.ai/reserve_for_gpu_index"] for p in res}
+        assert devices == {large["NVIDIA_VISIBLE_DEVICES"], envs[0]["NVIDIA_VISIBLE_DEVICES"]}
+    finally:
+        proc.stop()
