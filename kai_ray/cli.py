@@ -95,6 +95,10 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--nodes", type=int, default=2)
     up.add_argument("--gpus-per-node", type=int, default=8)
     up.add_argument("--kuberay", action="store_true", help="also start the KubeRay operator")
+    up.add_argument("--real-node", action="store_true",
+                    help="also run a real kubelet node on this machine (root; docs/real-node.md)")
+    up.add_argument("--real-node-gpus", type=int, default=2, metavar="N",
+                    help="fake nvidia.com/gpu devices the real node advertises (default 2)")
     dc.add_parser("down", help="stop everything the dev cluster started")
     dc.add_parser("env", help="print shell exports (KUBECONFIG, PATH)")
     dc.add_parser("status", help="show what is running")

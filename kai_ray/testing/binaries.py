@@ -2,6 +2,8 @@
 
 `tools/cluster/build.sh` builds the binaries from Go modules into a version-keyed cache and
 reports the directory; `KAI_RAY_BIN_DIR` / `KAI_RAY_KUBERAY_DIR` point at existing ones instead.
+The real node's binaries (kubelet, ...) live in a directory of their own (`build.sh
+--print-node-dir`, or `KAI_RAY_NODE_BIN_DIR`).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kwok")
 ALL_BINARIES = (
     *CONTROL_PLANE, "kube-scheduler", "kubectl", "ray-operator", "helm",
 )
+#: the real kubelet node's (kai_ray/testing/realnode.py)
+NODE_BINARIES = ("kubelet", "kube-proxy", "gpu-device-plugin", "coredns", "crictl")
 
 
 class BinariesMissing(RuntimeError):
@@ -55,6 +59,13 @@ def bin_dir() -> Path:
 
 
 @functools.cache
+def node_bin_dir() -> Path:
+    """The directory holding the real node's binaries (not checked: see `require_node`)."""
+    env = os.environ.get("KAI_RAY_NODE_BIN_DIR")
+    return Path(env) if env else _ask_build_script("--print-node-dir")
+
+
+@functools.cache
 def kuberay_dir() -> Path:
     """KubeRay's assets: `crd/` (config/crd/bases) and `samples/` (config/samples)."""
     env = os.environ.get("KAI_RAY_KUBERAY_DIR")
@@ -63,13 +74,21 @@ def kuberay_dir() -> Path:
 
 def require(*names: str) -> dict[str, Path]:
     """Paths of the named binaries; raises with the build command when any is missing."""
-    directory = bin_dir()
+    return _require(bin_dir(), names, "KAI_RAY_BIN_DIR")
+
+
+def require_node(*names: str) -> dict[str, Path]:
+    """Paths of the named real-node binaries (all of them by default)."""
+    return _require(node_bin_dir(), names or NODE_BINARIES, "KAI_RAY_NODE_BIN_DIR")
+
+
+def _require(directory: Path, names: tuple[str, ...], env: str) -> dict[str, Path]:
     paths = {name: directory / name for name in names}
     missing = [n for n, p in paths.items() if not os.access(p, os.X_OK)]
     if missing:
         raise BinariesMissing(
             f"missing in {directory}: {', '.join(missing)}; build them with "
-            "tools/cluster/build.sh (or set KAI_RAY_BIN_DIR)"
+            f"tools/cluster/build.sh (or set {env})"
         )
     return paths
 

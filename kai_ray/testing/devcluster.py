@@ -10,6 +10,7 @@ import argparse
 import json
 import os
 import shutil
+import socket
 import sys
 import time
 from pathlib import Path
@@ -68,8 +69,11 @@ def cmd_up(args: argparse.Namespace) -> int:
     from kai_ray.testing.kuberay import start_kuberay_operator
     from kai_ray.testing.plane import ControlPlane, save_state
 
-    if args.nodes < 0 or args.gpus_per_node < 0:
-        print("dev-cluster up: --nodes and --gpus-per-node must be >= 0", file=sys.stderr)
+    real_node = bool(getattr(args, "real_node", False))
+    real_node_gpus = getattr(args, "real_node_gpus", 2)
+    if args.nodes < 0 or args.gpus_per_node < 0 or real_node_gpus < 0:
+        print("dev-cluster up: --nodes, --gpus-per-node and --real-node-gpus must be >= 0",
+              file=sys.stderr)
         return 2
     directory = state_dir()
     state = _load_state(directory)
@@ -86,22 +90,32 @@ def cmd_up(args: argparse.Namespace) -> int:
     directory.mkdir(parents=True)
 
     t0 = time.monotonic()
-    plane = ControlPlane(directory, detached=True)
+    plane = ControlPlane(directory, detached=True, real_node=real_node)
     try:
         _link_tools(directory)
         plane.start()
         nodes = plane.add_gpu_nodes(args.nodes, args.gpus_per_node) if args.nodes else []
+        if real_node:
+            from kai_ray.testing.realnode import RealNode
+
+            RealNode(plane, gpus=real_node_gpus).start()
         if args.kuberay:
             start_kuberay_operator(plane)
     except BaseException as e:
         plane.stop()
         print(f"dev-cluster up failed: {e}\n(logs kept in {plane.logs_dir})", file=sys.stderr)
         return 1
+    real = ({"name": socket.gethostname().lower(), "gpus": real_node_gpus,
+             "ready_seconds": round(plane.timings.get("node_ready", 0.0), 1)}
+            if real_node else None)
     save_state(plane, directory / STATE_FILE, nodes=nodes, gpus_per_node=args.gpus_per_node,
-               kuberay=bool(args.kuberay))
+               kuberay=bool(args.kuberay), real_node_info=real)
     parts = ", ".join(plane.components)
     print(f"dev-cluster: up in {time.monotonic() - t0:.1f} s: {parts}; "
           f"{len(nodes)} KWOK nodes x {args.gpus_per_node} nvidia.com/gpu; API {plane.api_url}")
+    if real:
+        print(f"dev-cluster: real node {real['name']} Ready in {real['ready_seconds']} s with "
+              f"{real_node_gpus} fake nvidia.com/gpu (kubelet, containerd; docs/real-node.md)")
     print("# use it from this shell with:  eval \"$(kai-ray dev-cluster env)\"")
     print("\n".join(_env_lines(directory)))
     return 0
@@ -139,6 +153,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         pid = state["components"][name]["pid"]
         print(f"  {name:<25} pid {pid:<8} {'running' if ok else 'NOT RUNNING'}")
     print(f"  nodes: {len(state.get('nodes', []))} x {state.get('gpus_per_node')} nvidia.com/gpu")
+    real = state.get("real_node_info")
+    if real:
+        print(f"  real node: {real['name']} (kubelet), {real['gpus']} fake nvidia.com/gpu")
     return 0 if all(alive.values()) else 1
 
 

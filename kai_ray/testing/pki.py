@@ -8,6 +8,7 @@ from __future__ import annotations
 import base64
 import datetime as dt
 import ipaddress
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,8 +87,12 @@ def _leaf(ca: x509.Certificate, ca_key: ec.EllipticCurvePrivateKey, subject: x50
     return b.sign(ca_key, hashes.SHA256()), key
 
 
-def write_pki(directory: Path) -> Pki:
-    """A CA, the apiserver's serving cert, an admin client cert and the service-account keys."""
+def write_pki(directory: Path, extra_ips: Sequence[str] = ()) -> Pki:
+    """A CA, the apiserver's serving cert, an admin client cert and the service-account keys.
+
+    extra_ips: more addresses the apiserver is reached at (the real node's pods use its
+    advertised address), added to the serving cert.
+    """
     directory.mkdir(parents=True, exist_ok=True)
     ca_key = _key()
     ca_subject = _name("kai-ray-local-ca")
@@ -108,6 +113,7 @@ def write_pki(directory: Path) -> Pki:
         x509.DNSName("kubernetes.default.svc.cluster.local"),
         x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
         x509.IPAddress(ipaddress.ip_address(SERVICE_CLUSTER_IP)),
+        *(x509.IPAddress(ipaddress.ip_address(ip)) for ip in extra_ips),
     ])
     serving, serving_key = _leaf(ca, ca_key, _name("kube-apiserver"),
                                  ExtendedKeyUsageOID.SERVER_AUTH, san)
@@ -135,8 +141,39 @@ def write_pki(directory: Path) -> Pki:
     return pki
 
 
-def write_kubeconfig(path: Path, server: str, pki: Pki, name: str = "kai-ray-local") -> Path:
-    """A self-contained kubeconfig (certificates embedded) for the admin user."""
+def issue_cert(pki: Pki, directory: Path, stem: str, common_name: str, *,
+               org: str | None = None, client: bool = True, dns: Sequence[str] = (),
+               ips: Sequence[str] = ()) -> tuple[Path, Path]:
+    """Another leaf cert signed by the plane's CA: <stem>.crt and <stem>.key in `directory`.
+
+    client=True: a client cert (CN is the user, O the group); else a serving cert for the
+    given DNS names and IPs. Used for the real node: the kubelet's identity towards the API
+    server (system:node:<name>) and its serving cert, the API server's client cert towards the
+    kubelet, kube-proxy's identity.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    ca = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
+    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    assert isinstance(ca_key, ec.EllipticCurvePrivateKey)
+    san = None
+    if not client:
+        san = x509.SubjectAlternativeName(
+            [x509.DNSName(d) for d in dns]
+            + [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips])
+    usage = ExtendedKeyUsageOID.CLIENT_AUTH if client else ExtendedKeyUsageOID.SERVER_AUTH
+    cert, key = _leaf(ca, ca_key, _name(common_name, org), usage, san)
+    cert_path, key_path = directory / f"{stem}.crt", directory / f"{stem}.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(_key_pem(key))
+    key_path.chmod(0o600)
+    return cert_path, key_path
+
+
+def write_kubeconfig(path: Path, server: str, pki: Pki, name: str = "kai-ray-local",
+                     cert: tuple[Path, Path] | None = None) -> Path:
+    """A self-contained kubeconfig (certificates embedded) for the admin user, or for the
+    client cert and key given as `cert`."""
+    cert_file, key_file = cert or (pki.admin_cert, pki.admin_key)
 
     def b64(p: Path) -> str:
         return base64.b64encode(p.read_bytes()).decode()
@@ -147,8 +184,8 @@ def write_kubeconfig(path: Path, server: str, pki: Pki, name: str = "kai-ray-loc
         "clusters": [{"name": name, "cluster": {
             "server": server, "certificate-authority-data": b64(pki.ca_cert)}}],
         "users": [{"name": f"{name}-admin", "user": {
-            "client-certificate-data": b64(pki.admin_cert),
-            "client-key-data": b64(pki.admin_key)}}],
+            "client-certificate-data": b64(cert_file),
+            "client-key-data": b64(key_file)}}],
         "contexts": [{"name": name, "context": {"cluster": name, "user": f"{name}-admin"}}],
         "current-context": name,
         "preferences": {},

@@ -7,6 +7,9 @@ kubelet. KWOK plays the kubelet for the nodes it manages (see kwok-stages.yaml).
         plane.add_gpu_nodes(2, gpus_per_node=8)
         ...
 
+With `real_node=True` the API server listens on the real node's bridge address instead, so
+that pods reach it (realnode.py: RealNode runs a real kubelet beside the KWOK nodes).
+
 Attached planes (the default) die with the Python process that started them; `detached=True`
 planes outlive it and are stopped later from their saved `state()` (the dev cluster).
 """
@@ -28,9 +31,9 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
-from kai_ray.testing import binaries, procs
+from kai_ray.testing import binaries, procs, realnode
 from kai_ray.testing.cluster import Cluster
-from kai_ray.testing.pki import Pki, write_kubeconfig, write_pki
+from kai_ray.testing.pki import Pki, issue_cert, write_kubeconfig, write_pki
 
 SERVICE_CIDR = "10.96.0.0/16"
 POD_CIDR = "10.244.0.0/16"
@@ -64,7 +67,8 @@ class ControlPlane(Cluster):
 
     def __init__(self, workdir: Path | None = None, *, detached: bool = False,
                  controller_manager: bool = True, kwok: bool = True,
-                 kube_scheduler: bool = False, keep_workdir: bool = False) -> None:
+                 kube_scheduler: bool = False, keep_workdir: bool = False,
+                 real_node: bool = False) -> None:
         self._own_workdir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="kai-ray-plane-"))
         super().__init__(self.workdir / "kubeconfig")
@@ -74,6 +78,10 @@ class ControlPlane(Cluster):
         # the stock scheduler serves `default-scheduler` pods only: a baseline for benchmarks
         self.with_kube_scheduler = kube_scheduler
         self.keep_workdir = keep_workdir
+        # room for a realnode.RealNode: the API server listens on the pods' bridge (which the
+        # plane creates) so pods reach it, authorizes kubelets (Node) and calls them with TLS
+        self.real_node = real_node
+        self._owns_bridge = False  # the bridge was made by this plane (else: not ours to undo)
         self.components: dict[str, Component] = {}
         self.ports: dict[str, int] = {}
         self.timings: dict[str, float] = {}
@@ -82,8 +90,18 @@ class ControlPlane(Cluster):
 
     # -- public -------------------------------------------------------------------------------
     @property
+    def api_host(self) -> str:
+        return realnode.GATEWAY if self.real_node else "127.0.0.1"
+
+    @property
     def api_url(self) -> str:
-        return f"https://127.0.0.1:{self.ports['apiserver']}"
+        return f"https://{self.api_host}:{self.ports['apiserver']}"
+
+    @property
+    def pki(self) -> Pki:
+        if self._pki is None:
+            raise ControlPlaneError("the plane's PKI exists once it has started")
+        return self._pki
 
     @property
     def logs_dir(self) -> Path:
@@ -154,6 +172,8 @@ class ControlPlane(Cluster):
             shutil.rmtree(self.workdir, ignore_errors=True)
 
     def _stop_processes(self) -> None:
+        if self._owns_bridge:  # its pods, mounts, cgroups, chains first, while containerd runs
+            realnode.RealNode(self).stop()
         # clients of the API server first, etcd last
         order = ["ray-operator", "kube-scheduler", "kwok-gpu-reporter", "kwok",
                  "kube-controller-manager",
@@ -168,6 +188,9 @@ class ControlPlane(Cluster):
             with contextlib.suppress(Exception):
                 self._api.close()
             self._api = None
+        if self._owns_bridge:
+            realnode.remove_bridge()
+            self._owns_bridge = False
 
     def __enter__(self) -> ControlPlane:
         return self.start()
@@ -190,6 +213,7 @@ class ControlPlane(Cluster):
             "kubeconfig": str(self.kubeconfig),
             "api_url": self.api_url,
             "ports": self.ports,
+            "real_node": self.real_node,
             "components": {n: {"pid": c.pid, "log": str(c.log), "binary": c.binary}
                            for n, c in self.components.items()},
         }
@@ -197,7 +221,9 @@ class ControlPlane(Cluster):
     @classmethod
     def from_state(cls, state: dict[str, Any]) -> ControlPlane:
         """Re-attach to a detached plane (to inspect or stop it)."""
-        plane = cls(Path(state["workdir"]), detached=True)
+        plane = cls(Path(state["workdir"]), detached=True,
+                    real_node=bool(state.get("real_node")))
+        plane._owns_bridge = plane.real_node  # the dev cluster's plane made it
         plane.ports = {k: int(v) for k, v in state["ports"].items()}
         for name, c in state["components"].items():
             plane.components[name] = Component(name, int(c["pid"]), Path(c["log"]), c["binary"])
@@ -223,7 +249,14 @@ class ControlPlane(Cluster):
         self.logs_dir.mkdir(exist_ok=True)
         names = ["etcd", "etcd_peer", "apiserver"]
         self.ports = dict(zip(names, procs.free_ports(len(names)), strict=True))
-        self._pki = write_pki(self.workdir / "pki")
+        if self.real_node and not self._owns_bridge:
+            realnode.ensure_bridge()  # the API server binds the bridge's address
+            self._owns_bridge = True
+        self._pki = write_pki(self.workdir / "pki",
+                              extra_ips=[realnode.GATEWAY] if self.real_node else [])
+        if self.real_node:  # the API server's identity towards the kubelet
+            issue_cert(self._pki, self.workdir / "pki", "apiserver-kubelet-client",
+                       "kube-apiserver-kubelet-client", org="system:masters")
         write_kubeconfig(self.kubeconfig, self.api_url, self._pki)
         stages = resources.files("kai_ray.testing").joinpath("kwok-stages.yaml").read_text()
         (self.workdir / "kwok-stages.yaml").write_text(stages)
@@ -262,8 +295,8 @@ class ControlPlane(Cluster):
         self._spawn("kube-apiserver", [
             str(binary),
             f"--etcd-servers=http://127.0.0.1:{self.ports['etcd']}",
-            "--bind-address=127.0.0.1",
-            "--advertise-address=127.0.0.1",
+            f"--bind-address={self.api_host}",
+            f"--advertise-address={self.api_host}",
             f"--secure-port={self.ports['apiserver']}",
             f"--tls-cert-file={p.serving_cert}",
             f"--tls-private-key-file={p.serving_key}",
@@ -272,15 +305,29 @@ class ControlPlane(Cluster):
             f"--service-account-signing-key-file={p.sa_key}",
             "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
-            "--authorization-mode=RBAC",
             "--allow-privileged=true",
-            # a loopback address may not be published as the `kubernetes` Service's endpoint
-            "--endpoint-reconciler-type=none",
+            *(self._real_node_apiserver_flags() if self.real_node else [
+                "--authorization-mode=RBAC",
+                # a loopback address may not be published as the `kubernetes` Service's endpoint
+                "--endpoint-reconciler-type=none"]),
             # API priority and fairness: its start-up hooks and config objects only cost time here
             "--enable-priority-and-fairness=false",
             "--profiling=false",
             "--v=0",
         ])
+
+    def _real_node_apiserver_flags(self) -> list[str]:
+        """A real kubelet: Node authorization, TLS both ways, and the `kubernetes` Service's
+        endpoint kept (the bridge address), so pods reach the API server."""
+        pki_dir = self.workdir / "pki"
+        return [
+            "--authorization-mode=Node,RBAC",
+            "--enable-admission-plugins=NodeRestriction",
+            f"--kubelet-client-certificate={pki_dir / 'apiserver-kubelet-client.crt'}",
+            f"--kubelet-client-key={pki_dir / 'apiserver-kubelet-client.key'}",
+            f"--kubelet-certificate-authority={self.pki.ca_cert}",
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
+        ]
 
     def _start_controller_manager(self, binary: Path) -> None:
         assert self._pki is not None
@@ -318,7 +365,7 @@ class ControlPlane(Cluster):
         while time.monotonic() < deadline:
             self._check_alive()
             problem = procs.probe_readyz(http.client.HTTPSConnection(
-                "127.0.0.1", self.ports["apiserver"], context=ctx, timeout=2))
+                self.api_host, self.ports["apiserver"], context=ctx, timeout=2))
             if problem is None:
                 return
             last = problem

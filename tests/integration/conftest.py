@@ -3,6 +3,7 @@
 `cluster` is session-scoped: by default a local ControlPlane (etcd, kube-apiserver,
 kube-controller-manager, KWOK) built by tools/cluster/build.sh; with KAI_RAY_TEST_KUBECONFIG set,
 an existing cluster (kind, a real one) instead. `namespace` is a fresh namespace per test.
+`real_node` is a plane of its own with a real kubelet node (marker `realnode`).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from kai_ray.testing import binaries
 from kai_ray.testing.cluster import Cluster
 from kai_ray.testing.kuberay import start_kuberay_operator
 from kai_ray.testing.plane import Component, ControlPlane
+from kai_ray.testing.realnode import RealNode
 from kai_ray.testing.scheduler_process import KaiRayProcess
 
 GPU_NODES = 2
@@ -111,3 +113,47 @@ def kai_scheduler(cluster: Cluster,
     proc.wait_ready()
     yield proc
     proc.stop()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    # The real node's tests run last, so its processes do not load the machine while the other
+    # tests run; its teardown tests (they stop the session's node) after all of them.
+    def last(item: pytest.Item) -> tuple[bool, bool]:
+        return (item.get_closest_marker("realnode") is not None,
+                item.get_closest_marker("realnode_teardown") is not None)
+
+    items.sort(key=last)
+
+
+@pytest.fixture(scope="session")
+def real_node_host_before() -> dict[str, object]:
+    """The host's state before the real node's plane starts (the teardown test compares)."""
+    from kai_ray.testing import realnode
+
+    return realnode.host_snapshot()
+
+
+@pytest.fixture(scope="session")
+def real_node(real_node_host_before: dict[str, object]) -> Iterator[RealNode]:
+    """A real kubelet node (containerd, CNI bridge, kube-proxy, CoreDNS, 2 fake GPUs) in a
+    ControlPlane(real_node=True) of its own, with the busybox and debian-python images."""
+    from kai_ray.testing import images
+
+    if os.geteuid() != 0:
+        pytest.skip("the real node needs root")
+    _require_binaries(*binaries.CONTROL_PLANE)
+    try:
+        binaries.require_node()
+    except binaries.BinariesMissing as e:
+        if os.environ.get("KAI_RAY_SKIP_BINARIES"):
+            pytest.skip(f"real-node binaries not built (KAI_RAY_SKIP_BINARIES set): {e}")
+        pytest.fail(f"real-node binaries missing; run tools/cluster/build.sh: {e}")
+    plane = ControlPlane(real_node=True)
+    plane.start()
+    try:
+        node = RealNode(plane, gpus=2).start()
+        for image in ("busybox", "debian-python"):
+            node.import_image(images.ensure(image))
+        yield node
+    finally:
+        plane.stop()
