@@ -48,7 +48,7 @@ GPU_INDEX_ANNOTATION = "run.ai/reserve_for_gpu_index"
 CONFIGMAP_ANNOTATION = "runai/shared-gpu-configmap"
 
 
-RESERVATION_IMAGE = f"kai-ray/reservation:{__version__}"
+RESERVATION_IMAGE = f"ghcr.io/kai-ray/reservation:{__version__}"
 RESERVATION_SERVICE_ACCOUNT = "kai-ray-reservation"
 RESERVATION_UID = 65532
 # the reservation namespace holds nothing but reservation pods: the strictest standard fits

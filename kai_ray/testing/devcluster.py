@@ -98,7 +98,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         if real_node:
             from kai_ray.testing.realnode import RealNode
 
-            RealNode(plane, gpus=real_node_gpus).start()
+            _load_images(RealNode(plane, gpus=real_node_gpus).start())
         if args.kuberay:
             start_kuberay_operator(plane)
     except BaseException as e:
@@ -119,6 +119,20 @@ def cmd_up(args: argparse.Namespace) -> int:
     print("# use it from this shell with:  eval \"$(kai-ray dev-cluster env)\"")
     print("\n".join(_env_lines(directory)))
     return 0
+
+
+def _load_images(node: Any) -> None:
+    """busybox for small pods, and kai-ray's reservation image also under the name the
+    scheduler asks for by default, so `kai-ray run` shares GPUs on the real node as it is
+    (images are built on first use, then cached: docs/images.md)."""
+    from kai_ray.k8s.binder import RESERVATION_IMAGE
+    from kai_ray.testing import images
+
+    for name in ("busybox", "kai-ray-reservation"):
+        node.import_image(images.ensure(name))
+    node.tag_image(images.ensure("kai-ray-reservation").ref, RESERVATION_IMAGE)
+    print(f"dev-cluster: images on the real node: {images.ensure('busybox').ref}, "
+          f"{RESERVATION_IMAGE} (pods: imagePullPolicy Never or IfNotPresent)")
 
 
 def cmd_down(args: argparse.Namespace) -> int:

@@ -305,6 +305,15 @@ class RealNode:
         import_into_containerd(archive, ctr_binary=shutil.which("ctr") or "ctr",
                                address=self.containerd_socket)
 
+    def tag_image(self, ref: str, new_ref: str) -> None:
+        """Give an imported image another name (the one a manifest or config asks for)."""
+        ctr = shutil.which("ctr") or "ctr"
+        out = subprocess.run([ctr, "--address", str(self.containerd_socket), "-n", "k8s.io",
+                              "images", "tag", "--force", ref, new_ref],
+                             capture_output=True, text=True, timeout=60, check=False)
+        if out.returncode != 0:
+            raise RealNodeError(f"ctr images tag {ref} {new_ref}: {out.stderr.strip()}")
+
     # -- start --------------------------------------------------------------------------------
     def start(self, timeout: float = 120.0) -> RealNode:
         if not getattr(self.plane, "real_node", False):

@@ -9,6 +9,7 @@ SIGSEGV on this kind of machine, in a pod and on the host alike.
 from __future__ import annotations
 
 import http.client
+import json
 import os
 import re
 import socket
@@ -309,6 +310,7 @@ def test_dev_cluster_up_real_node_status_down(tmp_path: Any) -> None:
                               "jsonpath={.status.allocatable.nvidia\\.com/gpu}"],
                              capture_output=True, text=True, check=True)
         assert out.stdout == "3"
+        _fractional_pod_with_default_settings(state, tmp_path)
     finally:
         down = cli("down")
     assert down.returncode == 0, f"{down.stdout}\n{down.stderr}"
@@ -316,3 +318,41 @@ def test_dev_cluster_up_real_node_status_down(tmp_path: Any) -> None:
     assert realnode.kubepods_cgroups() == []
     assert realnode.mounts_under(str(state), *realnode.HOST_DIRS) == []
     assert realnode.BRIDGE not in os.listdir("/sys/class/net")
+
+
+def _fractional_pod_with_default_settings(state: Any, tmp_path: Any) -> None:
+    """`kai-ray run` with no config on the dev cluster's real node: its default reservation
+    image is there (dev-cluster up loads it), so a gpu-fraction pod runs with its device."""
+    from kai_ray.testing.plane import ControlPlane
+    from kai_ray.testing.scheduler_process import KaiRayProcess
+
+    plane = ControlPlane.from_state(json.loads((state / "state.json").read_text()))
+    core = client.CoreV1Api(plane.api_client())
+    client.CustomObjectsApi(plane.api_client()).create_cluster_custom_object(
+        "scheduling.run.ai", "v2", "queues", {
+            "apiVersion": "scheduling.run.ai/v2", "kind": "Queue", "metadata": {"name": "q"},
+            "spec": {"resources": {r: {"quota": -1, "limit": -1, "overQuotaWeight": 1}
+                                   for r in ("cpu", "gpu", "memory")}}})
+    proc = KaiRayProcess(state / "kubeconfig", tmp_path, extra_args=["--webhook"])
+    proc.start()
+    try:
+        proc.wait_ready()
+        pod = {"metadata": {"name": "frac", "labels": {"kai.scheduler/queue": "q"},
+                            "annotations": {"gpu-fraction": "0.5"}},
+               "spec": {"schedulerName": "kai-scheduler",
+                        "nodeSelector": {"kai-ray.io/real-node": "true"},
+                        "containers": [{"name": "main", "image": images.ensure("busybox").ref,
+                                        "imagePullPolicy": "Never",
+                                        "command": ["sleep", "3600"]}]}}
+        core.create_namespaced_pod("default", pod)
+        deadline = time.monotonic() + 90
+        while core.read_namespaced_pod("frac", "default").status.phase != "Running":
+            assert time.monotonic() < deadline, proc.log_tail(40)
+            time.sleep(0.5)
+        env = subprocess.run([str(state / "bin" / "kubectl"), "--kubeconfig",
+                              str(state / "kubeconfig"), "exec", "frac", "--", "sh", "-c",
+                              "echo $NVIDIA_VISIBLE_DEVICES $GPU_PORTION"],
+                             capture_output=True, text=True, timeout=60, check=True).stdout
+        assert re.fullmatch(rf"{UUID_RE} 0\.50\n", env), env
+    finally:
+        proc.stop()
