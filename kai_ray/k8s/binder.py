@@ -39,6 +39,7 @@ from kai_ray.grouping import admission
 from kai_ray.k8s import convert, rawapi
 from kai_ray.k8s.cache import PG_GROUP, PG_PLURAL, PG_VERSION
 from kai_ray.k8s.events import EventRecorder
+from kai_ray.k8s.status import not_scheduled
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
@@ -367,15 +368,7 @@ class Binder:
         message = f"{failure}; the pod goes back to Pending and is scheduled again"
         log.warning("pod %s/%s: %s", m["namespace"], m["name"], message)
         self.events.emit(pod, "GPUReservationFailed", message, type_="Warning")
-        body = {"status": {"conditions": [{
-            "type": "PodScheduled", "status": "False", "reason": "GPUReservationFailed",
-            "message": message, "lastTransitionTime": convert.now_rfc3339()}]}}
-        try:
-            self.core.patch_namespaced_pod_status(m["name"], m["namespace"], body)
-        except ApiException as e:
-            if e.status != 404:
-                log.warning("pod %s/%s condition not written: %s", m["namespace"], m["name"],
-                            e.status)
+        not_scheduled(self.core, pod, "GPUReservationFailed", message)
 
     def _prepare_shared_gpu(self, pod: Obj, b: Bind, devices: list[str]) -> None:
         m = pod["metadata"]

@@ -38,6 +38,21 @@ def resource_list(values: tuple[float, float, float]) -> dict[str, str]:
     return out
 
 
+def not_scheduled(core: client.CoreV1Api, pod: Obj, reason: str, message: str) -> None:
+    """Condition PodScheduled=False with `reason` and `message` on the pod (best effort: a pod
+    gone meanwhile, or a refused write, is logged, never raised)."""
+    body = {"status": {"conditions": [{
+        "type": "PodScheduled", "status": "False", "reason": reason,
+        "message": message, "lastTransitionTime": convert.now_rfc3339()}]}}
+    m = pod["metadata"]
+    try:
+        core.patch_namespaced_pod_status(m["name"], m["namespace"], body)
+    except ApiException as e:
+        if e.status != 404:
+            log.warning("pod %s/%s condition not written: %s", m["namespace"], m["name"],
+                        e.status)
+
+
 class StatusWriter:
     def __init__(self, api: client.ApiClient, events: EventRecorder, workers: int = 8) -> None:
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="status")
@@ -73,16 +88,7 @@ class StatusWriter:
         for cond in (pod.get("status") or {}).get("conditions") or []:
             if cond.get("type") == "PodScheduled" and cond.get("message") == message:
                 return
-        body = {"status": {"conditions": [{
-            "type": "PodScheduled", "status": "False", "reason": "Unschedulable",
-            "message": message, "lastTransitionTime": convert.now_rfc3339()}]}}
-        m = pod["metadata"]
-        try:
-            self.core.patch_namespaced_pod_status(m["name"], m["namespace"], body)
-        except ApiException as e:
-            if e.status != 404:
-                log.warning("pod %s/%s condition not written: %s", m["namespace"], m["name"],
-                            e.status)
+        not_scheduled(self.core, pod, "Unschedulable", message)
 
     def _podgroup_unschedulable(self, pg: Obj, status: JobStatus) -> None:
         self.events.emit(pg, "Unschedulable", f"{status.reason}: {status.message}",

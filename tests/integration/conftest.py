@@ -60,6 +60,15 @@ def cluster() -> Iterator[Cluster]:
         plane.stop()
 
 
+@pytest.fixture(scope="module")
+def plane() -> Iterator[ControlPlane]:
+    """A local control plane of the test module's own, for tests whose scheduler (its config,
+    its crashes) must not meet the shared `cluster`'s."""
+    _require_binaries(*binaries.CONTROL_PLANE)
+    with ControlPlane() as p:
+        yield p
+
+
 @pytest.fixture(scope="session")
 def gpu_nodes(cluster: Cluster) -> list[str]:
     """KWOK GPU nodes (needs a KWOK controller; the local plane runs one)."""

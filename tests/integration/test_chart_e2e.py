@@ -66,17 +66,6 @@ def _bins() -> dict[str, Path]:
         pytest.fail(f"binaries missing; run tools/cluster/build.sh: {e}")
 
 
-@pytest.fixture(scope="module")
-def plane() -> Iterator[ControlPlane]:
-    _bins()
-    p = ControlPlane()
-    p.start()
-    try:
-        yield p
-    finally:
-        p.stop()
-
-
 def helm(plane: ControlPlane, *args: str) -> subprocess.CompletedProcess[str]:
     exe = str(_bins()["helm"])
     out = subprocess.run([exe, *args, "--kubeconfig", str(plane.kubeconfig)],

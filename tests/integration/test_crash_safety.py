@@ -12,8 +12,6 @@ from collections import Counter
 import pytest
 from kubernetes import client
 
-from kai_ray.testing import binaries
-from kai_ray.testing.plane import ControlPlane
 from kai_ray.testing.scheduler_process import KaiRayProcess
 from tests.integration.helpers import create_queues, gang, pool_nodes, queue, wait_for
 
@@ -21,17 +19,6 @@ pytestmark = pytest.mark.integration
 
 GANGS, GANG_SIZE, NODES, GPUS = 50, 4, 20, 8  # 200 GPUs asked for, 160 exist: 40 gangs fit
 REPEATS = 10
-
-
-@pytest.fixture(scope="module")
-def plane():
-    binaries.require(*binaries.CONTROL_PLANE)
-    p = ControlPlane()
-    p.start()
-    try:
-        yield p
-    finally:
-        p.stop()
 
 
 def _bound_by_gang(core: client.CoreV1Api, ns: str) -> tuple[Counter, Counter]:

@@ -22,7 +22,6 @@ from kai_ray.k8s import convert
 from kai_ray.k8s.binder import RESERVATION_SERVICE_ACCOUNT, Binder
 from kai_ray.k8s.events import EventRecorder
 from kai_ray.reservation import GPU_INDEX_ANNOTATION
-from kai_ray.testing import binaries
 from kai_ray.testing.devices import SILENT_ANNOTATION
 from kai_ray.testing.plane import ControlPlane
 from kai_ray.testing.scheduler_process import KaiRayProcess
@@ -33,17 +32,6 @@ pytestmark = pytest.mark.integration
 NS = convert.RESERVATION_NAMESPACE
 TIMEOUT_S = 6  # the scheduler's reservation timeout here
 FAKE_UUID = "GPU-5e1f0000-1111-2222-3333-444455556666"
-
-
-@pytest.fixture(scope="module")
-def plane() -> Iterator[ControlPlane]:
-    binaries.require(*binaries.CONTROL_PLANE)
-    p = ControlPlane()
-    p.start()
-    try:
-        yield p
-    finally:
-        p.stop()
 
 
 @pytest.fixture(scope="module")
