@@ -354,8 +354,8 @@ class Binder:
                 f"{' (' + state + ')' if state else ''}; is kai-ray's reservation image "
                 f"({self.config.reservation_image}) runnable on the node, and does the node "
                 "run a GPU device plugin?")
-        return f"{m['name']} ({status.get('phase') or 'Pending'}"\
-               f"{', ' + state if state else ''}, {waited:.0f}s)"
+        # no elapsed time in it: the event is written again only when the state changes
+        return f"{m['name']} ({status.get('phase') or 'Pending'}{', ' + state if state else ''})"
 
     def _give_up(self, pod: Obj, failure: ReservationFailed) -> None:
         """Delete the failed reservation pod and tell the pod that waited for it."""

@@ -214,6 +214,10 @@ def test_a_reservation_that_never_reports_does_not_stop_the_loop(
     assert reservation in cond.message and "did not report" in cond.message, cond.message
     assert any(reservation in m for m in _events(core, namespace, "stuck",
                                                   "GPUReservationFailed"))
+    # told when its state changed (created, Pending, Running; perhaps a retry's "created"),
+    # not once a cycle through a wait of TIMEOUT_S cycles
+    told = _events(core, namespace, "stuck", "WaitingForGPUReservation")
+    assert len(told) <= 4 < TIMEOUT_S, told
     try:  # deleted (a later retry may make a new one: another uid)
         now = core.read_namespaced_pod(reservation, NS).metadata
         gone = now.uid != uid or now.deletion_timestamp is not None
