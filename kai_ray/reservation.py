@@ -73,6 +73,8 @@ def discover(visible_devices: str | None, nvml_uuids: list[str] | None) -> str:
         raise ReservationError(
             f"{VISIBLE_DEVICES}={shown} names {len(entries)} devices; a reservation pod asks "
             "for exactly one nvidia.com/gpu")
+    if entries and entries[0].startswith("MIG-"):
+        return entries[0]  # NVML lists the parent GPU; the MIG instance is what was given
     if nvml_uuids is not None:
         if len(nvml_uuids) == 1:
             return nvml_uuids[0]  # the container sees exactly the device it was given
@@ -84,6 +86,10 @@ def discover(visible_devices: str | None, nvml_uuids: list[str] | None) -> str:
         raise ReservationError(
             f"NVML lists {len(nvml_uuids)} GPUs and {VISIBLE_DEVICES} is {shown}: cannot tell "
             "which one the device plugin gave this pod")
+    if entries is None:
+        raise ReservationError(
+            f"{VISIBLE_DEVICES} is {shown} and no NVIDIA driver library was found to tell "
+            "which GPU this pod was given")
     if not entries:
         raise ReservationError(
             f"{VISIBLE_DEVICES} is {shown} and no NVIDIA driver library was found: this pod "
@@ -112,6 +118,8 @@ def nvml_uuids() -> list[str] | None:
             uuid = pynvml.nvmlDeviceGetUUID(pynvml.nvmlDeviceGetHandleByIndex(i))
             uuids.append(uuid.decode() if isinstance(uuid, bytes) else str(uuid))
         return uuids
+    except pynvml.NVMLError as e:  # a driver that answers init but not this: say so
+        raise ReservationError(f"NVML could not list the GPUs: {e}") from None
     finally:
         pynvml.nvmlShutdown()
 
@@ -151,16 +159,18 @@ class InCluster:
 
 
 def report(api: InCluster, namespace: str, name: str, device: str,
-           deadline_s: float = REPORT_DEADLINE_S) -> None:
+           deadline_s: float = REPORT_DEADLINE_S, stop: threading.Event | None = None) -> bool:
     """Annotate pod namespace/name with `device`, retrying transient failures until the
-    deadline; an answer that retrying cannot change (401, 403, 404, 422) fails at once."""
+    deadline; an answer that retrying cannot change (401, 403, 404, 422) fails at once.
+    False when `stop` was set first (the pod is being deleted: nothing left to report)."""
+    stop = stop or threading.Event()
     body: dict[str, object] = {"metadata": {"annotations": {GPU_INDEX_ANNOTATION: device}}}
     deadline = time.monotonic() + deadline_s
     delay = 0.5
     while True:
         try:
             api.patch_pod(namespace, name, body)
-            return
+            return True
         except urllib.error.HTTPError as e:
             if e.code in (401, 403, 404, 422) or time.monotonic() + delay > deadline:
                 detail = e.read().decode("utf-8", "replace")[:300]
@@ -176,7 +186,8 @@ def report(api: InCluster, namespace: str, name: str, device: str,
             last = str(e)
         print(f"reservation: annotating {namespace}/{name} failed ({last}); retrying",
               file=sys.stderr)
-        time.sleep(delay)
+        if stop.wait(delay):
+            return False
         delay = min(delay * 2, 8.0)
 
 
@@ -198,6 +209,10 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
     parser.add_argument("--once", action="store_true", help="exit after reporting")
     args = parser.parse_args(argv)
     env = os.environ if env is None else env
+    # first: as PID 1 the default SIGTERM action does nothing, and deletion must end us at once
+    stop = threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
     try:
         device = discover(env.get(VISIBLE_DEVICES), nvml_uuids())
         if args.discover:
@@ -208,10 +223,8 @@ def main(argv: list[str] | None = None, env: Mapping[str, str] | None = None) ->
         name = env.get("POD_NAME") or env.get("HOSTNAME", "")
         if not name:
             raise ReservationError("neither POD_NAME nor HOSTNAME is set: cannot name this pod")
-        # SIGTERM before the report (pod deleted at once) must still end the program
-        stop = threading.Event()
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-        report(api, namespace, name, device)
+        if not report(api, namespace, name, device, stop=stop):
+            return 0
     except ReservationError as e:
         return _fail(str(e), Path(env.get("KAI_RAY_TERMINATION_LOG", str(TERMINATION_LOG))))
     print(f"reservation: pod {namespace}/{name} holds GPU {device}", flush=True)

@@ -194,7 +194,7 @@ def test_reservation_values_reach_the_binder_and_its_rbac(helm: str, tmp_path: P
     assert sa["metadata"]["namespace"] == "kai-resource-reservation"
     role = by_kind(docs, "Role")["kai-ray-reservation"]
     assert role["rules"] == [{"apiGroups": [""], "resources": ["pods"],
-                              "verbs": ["get", "patch"]}]
+                              "verbs": ["patch"]}]
     binding = by_kind(docs, "RoleBinding")["kai-ray-reservation"]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "holder",
                                     "namespace": "kai-resource-reservation"}]

@@ -3,6 +3,12 @@ report on a real API server is in tests/integration/test_gpu_reservation.py)."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -75,7 +81,50 @@ def test_nvml_lists_devices_only_where_a_driver_is() -> None:
     """Without a driver NVML must say so (None), not invent devices; with one (the GPU check
     script), it lists real UUIDs."""
     uuids = reservation.nvml_uuids()
-    if not Path("/dev/nvidiactl").exists():
+    if not Path("/dev/nvidiactl").exists() or importlib.util.find_spec("pynvml") is None:
         assert uuids is None
     else:
         assert uuids and all(u.startswith(("GPU-", "MIG-")) for u in uuids)
+
+
+def test_a_mig_instance_is_reported_as_given() -> None:
+    mig = "MIG-4f6c1e2a-0000-1111-2222-333344445555"
+    assert discover(mig, [UUID_A]) == mig  # NVML lists the parent GPU
+
+
+def test_all_devices_without_a_driver_says_so() -> None:
+    with pytest.raises(ReservationError, match="to tell which GPU"):
+        discover("all", None)
+
+
+def test_sigterm_ends_it_while_it_still_retries(tmp_path: Path) -> None:
+    """The pod deleted while the API server cannot be reached: the program ends at once (a
+    PID 1 that ignored SIGTERM would be killed only after the grace period)."""
+    sa = tmp_path / "sa"
+    sa.mkdir()
+    (sa / "token").write_text("t")
+    (sa / "namespace").write_text("kai-resource-reservation")
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on: every attempt is refused
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    from kai_ray.testing.pki import write_pki
+
+    pki = write_pki(tmp_path / "pki")
+    (sa / "ca.crt").write_bytes(pki.ca_cert.read_bytes())
+    env = {**os.environ, "KUBERNETES_SERVICE_HOST": "127.0.0.1",
+           "KUBERNETES_SERVICE_PORT": str(port), "KAI_RAY_SA_DIR": str(sa), "POD_NAME": "p",
+           "NVIDIA_VISIBLE_DEVICES": UUID_A, "KAI_RAY_TERMINATION_LOG": str(tmp_path / "log")}
+    proc = subprocess.Popen([sys.executable, "-m", "kai_ray.reservation"], env=env,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 20
+        while "retrying" not in (line := proc.stderr.readline() or ""):  # type: ignore[union-attr]
+            assert time.monotonic() < deadline and proc.poll() is None, line
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(5) == 0
+        assert time.monotonic() - t0 < 2
+    finally:
+        proc.kill()

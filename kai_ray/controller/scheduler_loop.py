@@ -100,6 +100,10 @@ class SchedulerLoop:
         # binds a previous cycle (or a crashed run) recorded but did not finish
         if any(convert_intent(pg) for pg in podgroups.values()):
             self.binder.resume(podgroups.values(), pods)
+            until = time.monotonic() + ASSUME_SECONDS
+            for b in self.binder.resumed:  # as for the cycle's own binds (_carry_out)
+                self.assumed[f"{b.namespace}/{b.pod}"] = _Assumed(PodStatus.BOUND, b.node,
+                                                                  b.gpu_groups, until)
         snapshot = self._apply_assumed(snapshot, pods)
         t_snap = time.perf_counter()
         result = schedule(snapshot, self.config.core, time.time(), clock=time.perf_counter)
@@ -153,7 +157,10 @@ class SchedulerLoop:
         for problem in problems:
             log.warning("%s", problem)
         if self.config.reservation_gc:
-            self.binder.collect_reservations(pods.values(), podgroups.values())
+            self.binder.collect_reservations(
+                pods.values(), podgroups.values(),
+                {g for a in self.assumed.values() if a.status == PodStatus.BOUND
+                 for g in a.groups})
 
     # ------------------------------------------------------------------ RayJob suspension
     def _suspend_instead(self, result: CycleResult, snapshot: Snapshot,

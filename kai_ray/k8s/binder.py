@@ -14,14 +14,16 @@ NVIDIA_VISIBLE_DEVICES and GPU_PORTION.
 
 The binder never waits for a reservation pod. A sharing pod whose device has not been reported
 yet stays in its gang's bind intent (so it keeps its place, as Binding) and is bound by a later
-cycle's `resume()` once the annotation is there. A reservation pod that fails, or reports nothing
-within `reservation_timeout_s` of its creation, is deleted and its waiting pods are taken out of
-the intent (back to Pending, their capacity released), with an event and a PodScheduled
-condition on each that name the reservation pod.
+cycle's `resume()` once the annotation is there. A reservation pod that fails, that cannot be
+created, or that reports nothing within `reservation_timeout_s` of when this scheduler first
+created or saw it (a restart starts the count again; re-creating the same pod does not), is
+deleted and its waiting pods are taken out of the intent (back to Pending, their capacity
+released), with an event and a PodScheduled condition on each that name the reservation pod.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import time
@@ -59,7 +61,7 @@ PSS_LABELS = {"pod-security.kubernetes.io/enforce": "restricted",
 
 @dataclass
 class BinderConfig:
-    # from a reservation pod's creation until it must have reported its device
+    # from when the binder first created or saw a reservation pod until it must have reported
     reservation_timeout_s: float = 120.0
     workers: int = 16  # gangs bound at the same time
     # kai-ray's (operator/reservation.Dockerfile); KAI's resource-reservation image works too
@@ -85,10 +87,15 @@ class Binder:
         self.config = config or BinderConfig()
         self.bound_total = 0
         self.reservation_ns_ready = False
-        # when a sharing pod was first seen waiting for its reservation pod (monotonic)
+        # reservation pod name -> when this binder first created or saw it unreported
+        # (monotonic); kept across re-creations of the same name until it reports or fails
         self._waiting_since: dict[str, float] = {}
-        # "namespace/name" of the pods the last apply_binds bound (others wait or failed)
+        # what the last call bound: apply_binds (keys) and resume (Binds); the loop assumes them
         self.last_bound: set[str] = set()
+        self.resumed: list[Bind] = []
+        self._bound_now: list[Bind] = []
+        # reservation pods by (node, group), indexed once per call from the pods it was given
+        self._reservations: dict[tuple[str, str], Obj] | None = None
         self.pool = ThreadPoolExecutor(max_workers=max(1, self.config.workers),
                                        thread_name_prefix="binder")
 
@@ -98,12 +105,16 @@ class Binder:
         rawapi.patch_custom(self.api, PG_GROUP, PG_VERSION, m["namespace"], PG_PLURAL, m["name"],
                             {"metadata": {"annotations": dict(annotations)}})
 
-    def write_intent(self, pg: Obj, binds: list[Bind]) -> None:
+    def write_intent(self, pg: Obj, binds: list[Bind], start: bool = False) -> None:
+        """`start`: the job starts with these binds; its last-start stamp is written with the
+        first bind that succeeds, in this cycle or (waiting for a reservation pod) a later one."""
         intent = convert.bind_intent(pg)
         for b in binds:
             intent[b.pod] = {"node": b.node, "gpu_groups": list(b.gpu_groups),
                              "new_gpu_groups": list(b.new_gpu_groups),
                              "portion": b.gpu_portion, "memory_mib": b.gpu_memory_mib}
+            if start:
+                intent[b.pod]["start"] = True
         self._patch_pg_annotations(pg, {convert.BIND_INTENT_ANNOTATION: json.dumps(intent)})
         pg["metadata"].setdefault("annotations", {})[convert.BIND_INTENT_ANNOTATION] = \
             json.dumps(intent)
@@ -111,6 +122,8 @@ class Binder:
     def resume(self, podgroups: Iterable[Obj], pods: dict[str, Obj]) -> int:
         """Finish binds a previous run (or cycle) recorded but did not complete."""
         done = 0
+        self._bound_now = []
+        self._reservations = None
         for pg in podgroups:
             intent = convert.bind_intent(pg)
             if not intent:
@@ -122,7 +135,10 @@ class Binder:
                           gpu_portion=float(v.get("portion") or 0.0),
                           gpu_memory_mib=int(v.get("memory_mib") or 0), action="resume")
                      for name, v in intent.items()]
-            done += self._bind_gang(pg, binds, pods)
+            started = ({convert.LAST_START_ANNOTATION: convert.now_rfc3339()}
+                       if any(v.get("start") for v in intent.values()) else None)
+            done += self._bind_gang(pg, binds, pods, started=started)
+        self.resumed = list(self._bound_now)
         return done
 
     # ------------------------------------------------------------------ binds
@@ -131,7 +147,8 @@ class Binder:
         """Bind the cycle's decisions, gangs concurrently. Jobs in `starting` (none of their
         pods ran before) get the last-start annotation once a bind succeeded, in the same
         PodGroup patch that clears a gang's intent (a separate one for a single pod)."""
-        self.last_bound = set()
+        self._bound_now = []
+        self._reservations = None
         by_job: dict[str, list[Bind]] = {}
         for b in result.binds:
             by_job.setdefault(b.job, []).append(b)
@@ -151,7 +168,7 @@ class Binder:
                                             "PodGroup", pg, stamp)
                 return done
             try:
-                self.write_intent(pg, binds)
+                self.write_intent(pg, binds, start=bool(stamp))
             except ApiException as e:
                 log.warning("PodGroup %s: bind intent not written (%s); skipping its binds",
                             job, e.status)
@@ -160,9 +177,12 @@ class Binder:
 
         # gangs are independent: bind them concurrently (each gang's pods in order)
         if len(by_job) <= 1 or self.config.workers <= 1:
-            return sum(one(job, binds) for job, binds in by_job.items())
-        futures = [self.pool.submit(one, job, binds) for job, binds in by_job.items()]
-        return sum(f.result() for f in futures)
+            done = sum(one(job, binds) for job, binds in by_job.items())
+        else:
+            futures = [self.pool.submit(one, job, binds) for job, binds in by_job.items()]
+            done = sum(f.result() for f in futures)
+        self.last_bound = {f"{b.namespace}/{b.pod}" for b in self._bound_now}
+        return done
 
     def _bind_gang(self, pg: Obj, binds: list[Bind], pods: dict[str, Obj],
                    intent: bool = True, started: dict[str, str] | None = None) -> int:
@@ -196,7 +216,7 @@ class Binder:
             finished.append(b.pod)
             done += 1
             self.bound_total += 1
-            self.last_bound.add(f"{b.namespace}/{b.pod}")
+            self._bound_now.append(b)
             self.events.emit(pod, "Scheduled",
                              f"Successfully assigned {b.namespace}/{b.pod} to {b.node}")
         if finished and intent:
@@ -212,6 +232,13 @@ class Binder:
             except ApiException as e:
                 log.warning("PodGroup %s: intent not cleared (%s)", pg["metadata"]["name"],
                             e.status)
+            else:  # a later write of this cycle (new binds of the gang) starts from this
+                ann = pg["metadata"].setdefault("annotations", {})
+                for k, v in update.items():
+                    if v is None:
+                        ann.pop(k, None)
+                    else:
+                        ann[k] = v
         return done
 
     def _bind(self, pod: Obj, node: str) -> None:
@@ -221,15 +248,14 @@ class Binder:
     # ------------------------------------------------------------------ GPU sharing
     def _ensure_reservation_access(self) -> None:
         """The reservation namespace, and the ServiceAccount its pods report with (allowed to
-        get and patch pods there, nothing else). The chart creates them and grants the
+        patch pods there, nothing else). The chart creates them and grants the
         scheduler none of these writes (403): then they are only checked."""
         if self.reservation_ns_ready:
             return
         ns = convert.RESERVATION_NAMESPACE
         sa = self.config.reservation_service_account
         role = {"metadata": {"name": sa, "namespace": ns},
-                "rules": [{"apiGroups": [""], "resources": ["pods"],
-                           "verbs": ["get", "patch"]}]}
+                "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}]}
         binding = {"metadata": {"name": sa, "namespace": ns},
                    "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
                                "name": sa},
@@ -255,7 +281,7 @@ class Binder:
             try:
                 self.core.read_namespaced_service_account(sa, ns)
             except ApiException as e:
-                log.error("reservation pods need ServiceAccount %s/%s (get/patch pods in %s), "
+                log.error("reservation pods need ServiceAccount %s/%s (patch on pods in %s), "
                           "which is missing (%s) and kai-ray may not create it: install the "
                           "chart, or create it as docs/gpu-sharing.md shows", ns, sa, ns,
                           e.status)
@@ -263,7 +289,24 @@ class Binder:
 
     @staticmethod
     def reservation_name(node: str, group: str) -> str:
-        return f"gpu-reservation-{node}-{group}"[:63].rstrip("-.").lower()
+        """Unique per (node, group) whatever their length (group ids repeat the node's name, so
+        a plain join cut to 63 characters can give two devices one name); readable prefix."""
+        digest = hashlib.sha256(f"{node}/{group}".encode()).hexdigest()[:12]
+        return f"gpu-reservation-{node[:30].rstrip('-.')}-{digest}".lower()
+
+    def _reservation(self, node: str, group: str, pods: dict[str, Obj]) -> Obj | None:
+        """The live reservation pod of `group` on `node`, found by label as KAI labels it
+        (so one KAI created is found too), from the pods this call was given."""
+        if self._reservations is None:
+            index: dict[tuple[str, str], Obj] = {}
+            prefix = f"{convert.RESERVATION_NAMESPACE}/"
+            for key, p in pods.items():
+                m = p.get("metadata") or {}
+                g = (m.get("labels") or {}).get(convert.GPU_GROUP_LABEL)
+                if key.startswith(prefix) and g and not m.get("deletionTimestamp"):
+                    index[((p.get("spec") or {}).get("nodeName") or "", g)] = p
+            self._reservations = index
+        return self._reservations.get((node, group))
 
     def _create_reservation(self, node: str, group: str) -> None:
         self._ensure_reservation_access()
@@ -288,9 +331,10 @@ class Binder:
                 "containers": [{
                     "name": "reservation", "image": self.config.reservation_image,
                     "imagePullPolicy": "IfNotPresent", "env": field_env,
-                    "resources": {"limits": {convert.GPU: "1", "memory": "64Mi"},
-                                  "requests": {convert.GPU: "1", "cpu": "5m",
-                                               "memory": "32Mi"}},
+                    # Guaranteed QoS: the last pod the kubelet would evict or OOM-kill
+                    "resources": {"limits": {convert.GPU: "1", "cpu": "10m", "memory": "64Mi"},
+                                  "requests": {convert.GPU: "1", "cpu": "10m",
+                                               "memory": "64Mi"}},
                     "securityContext": {"allowPrivilegeEscalation": False,
                                         "readOnlyRootFilesystem": True,
                                         "capabilities": {"drop": ["ALL"]}}}]},
@@ -308,14 +352,14 @@ class Binder:
         devices: list[str] = []
         waiting: list[str] = []
         for group in b.gpu_groups:
-            name = self.reservation_name(b.node, group)
-            res = pods.get(f"{convert.RESERVATION_NAMESPACE}/{name}")
-            if res is None or (res.get("metadata") or {}).get("deletionTimestamp"):
-                self._create_reservation(b.node, group)
-                waiting.append(f"{name} (just created)")
+            res = self._reservation(b.node, group, pods)
+            if res is None:
+                waiting.append(self._create_or_wait(b.node, group))
                 continue
             device = (res["metadata"].get("annotations") or {}).get(GPU_INDEX_ANNOTATION)
-            if device:
+            phase = (res.get("status") or {}).get("phase")
+            if device and phase not in ("Failed", "Succeeded"):
+                self._waiting_since.pop(res["metadata"]["name"], None)
                 devices.append(str(device))
                 continue
             waiting.append(self._check_reservation(res))
@@ -326,6 +370,23 @@ class Binder:
                          f"{'; '.join(waiting)} to report its device (annotation "
                          f"{GPU_INDEX_ANNOTATION}) before binding to {b.node}")
         return None
+
+    def _create_or_wait(self, node: str, group: str) -> str:
+        """Create the reservation pod (again); a refusal (a quota, a policy, the namespace
+        gone) is waited on like a silent pod, and fails the waiting pods at the deadline."""
+        name = self.reservation_name(node, group)
+        since = self._waiting_since.setdefault(name, time.monotonic())
+        try:
+            self._create_reservation(node, group)
+        except ApiException as e:
+            refused = f"creating it was refused: {e.status} {e.reason}"
+            if time.monotonic() - since > self.config.reservation_timeout_s:
+                raise ReservationFailed(name, f"GPU reservation pod {convert.RESERVATION_NAMESPACE}"
+                                        f"/{name} could not be created within "
+                                        f"{self.config.reservation_timeout_s:.0f}s: {refused}"
+                                        ) from None
+            return f"{name} ({refused})"
+        return f"{name} (just created)"
 
     def _check_reservation(self, res: Obj) -> str:
         """How a reservation pod that has not reported is doing; raises ReservationFailed when
@@ -344,8 +405,7 @@ class Binder:
             raise ReservationFailed(m["name"], f"GPU reservation pod {where} ended "
                                     f"({status.get('phase')}) without reporting its device"
                                     f"{': ' + state if state else ''}")
-        key = m.get("uid") or m["name"]
-        since = self._waiting_since.setdefault(key, time.monotonic())
+        since = self._waiting_since.setdefault(m["name"], time.monotonic())
         waited = time.monotonic() - since
         if waited > self.config.reservation_timeout_s:
             raise ReservationFailed(
@@ -359,6 +419,7 @@ class Binder:
 
     def _give_up(self, pod: Obj, failure: ReservationFailed) -> None:
         """Delete the failed reservation pod and tell the pod that waited for it."""
+        self._waiting_since.pop(failure.pod_name, None)  # a new attempt gets its own time
         try:
             self.core.delete_namespaced_pod(failure.pod_name, convert.RESERVATION_NAMESPACE)
         except ApiException as e:
@@ -395,11 +456,13 @@ class Binder:
                 raise
             self.core.replace_namespaced_config_map(cm["metadata"]["name"], m["namespace"], cm)
 
-    def collect_reservations(self, pods: Iterable[Obj], podgroups: Iterable[Obj] = ()) -> int:
+    def collect_reservations(self, pods: Iterable[Obj], podgroups: Iterable[Obj] = (),
+                             assumed_groups: Iterable[str] = ()) -> int:
         """Delete reservation pods whose device no pod shares any more. A device counts as
-        shared by running pods (their group labels) and by pods still waiting in a bind
-        intent for their reservation pod to report."""
-        in_use: set[str] = set()
+        shared by running pods (their group labels), by pods still waiting in a bind intent
+        for their reservation pod to report, and by pods just bound (`assumed_groups`: the
+        watch may not show their labels yet)."""
+        in_use: set[str] = set(assumed_groups)
         for pg in podgroups:
             for entry in convert.bind_intent(pg).values():
                 in_use.update(entry.get("gpu_groups") or ())
@@ -414,9 +477,12 @@ class Binder:
             if phase in ("Succeeded", "Failed"):
                 continue
             in_use.update(convert.gpu_groups(pod))
-        seen = {r["metadata"].get("uid") or r["metadata"]["name"] for r in reservations}
-        for key in set(self._waiting_since) - seen:
-            del self._waiting_since[key]
+        # forget clocks of reservation pods long gone (a just-created one may not show yet)
+        seen = {r["metadata"]["name"] for r in reservations}
+        stale = time.monotonic() - 2 * self.config.reservation_timeout_s
+        for name, since in list(self._waiting_since.items()):
+            if name not in seen and since < stale:
+                del self._waiting_since[name]
         removed = 0
         for r in reservations:
             group = (r["metadata"].get("labels") or {}).get(convert.GPU_GROUP_LABEL)

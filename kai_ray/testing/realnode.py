@@ -69,6 +69,11 @@ HOST_DIRS = ("/var/lib/kubelet", "/var/log/containers", "/var/log/pods", "/run/c
 CNI_BIN_DIR = "/usr/lib/cni"  # Debian's containernetworking-plugins
 FORWARD_RULE = ["FORWARD", "-s", POD_SUBNET, "!", "-d", POD_SUBNET, "-m", "comment",
                 "--comment", "kai-ray real node: pods stay on this machine", "-j", "DROP"]
+# the API server, kubelet and CoreDNS listen on the gateway address: only this machine and its
+# pods may reach them, not a neighbour that routes the subnet here
+GUARD_RULE = ["INPUT", "-d", GATEWAY, "!", "-i", BRIDGE, "-m", "addrtype", "!", "--src-type",
+              "LOCAL", "-m", "comment", "--comment", "kai-ray real node: local only",
+              "-j", "DROP"]
 # what the kubelet, kube-proxy and the CNI plugins change; start() records them all
 SYSCTL_TREES = ("vm", "kernel", "net/ipv4", "net/ipv6", "net/bridge", "net/netfilter")
 # values that change by themselves
@@ -104,10 +109,14 @@ def ensure_bridge() -> None:
     _ip("link", "add", BRIDGE, "type", "bridge")
     _ip("addr", "add", f"{GATEWAY}/{subnet.prefixlen}", "dev", BRIDGE)
     _ip("link", "set", BRIDGE, "up")
+    subprocess.run(["iptables", "-w", "-I", *GUARD_RULE], capture_output=True, check=True)
 
 
 def remove_bridge() -> None:
-    """Delete the pods' veths (if any survived their pods) and the bridge."""
+    """Delete the pods' veths (if any survived their pods), the bridge and its guard rule."""
+    while subprocess.run(["iptables", "-w", "-D", *GUARD_RULE], capture_output=True,
+                         check=False).returncode == 0:
+        pass
     if not _link_exists(BRIDGE):
         return
     out = subprocess.run(["ip", "-o", "link", "show", "master", BRIDGE], capture_output=True,

@@ -115,6 +115,9 @@ def test_node_registers_ready_with_device_plugin_gpus(real_node: RealNode) -> No
     # nothing a pod sends leaves this machine
     check = subprocess.run(["iptables", "-w", "-C", *realnode.FORWARD_RULE], check=False)
     assert check.returncode == 0
+    # and what listens on the gateway address answers only this machine and its pods
+    check = subprocess.run(["iptables", "-w", "-C", *realnode.GUARD_RULE], check=False)
+    assert check.returncode == 0
 
 
 def test_kwok_nodes_beside_it_still_play_their_pods(real_node: RealNode, ns: str) -> None:
