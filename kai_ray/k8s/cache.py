@@ -239,8 +239,11 @@ class ClusterCache:
             phase = (pod.get("status") or {}).get("phase")
             if not node or phase in ("Succeeded", "Failed"):
                 continue
-            if m.get("namespace") == convert.RESERVATION_NAMESPACE:
+            if m.get("namespace") == convert.RESERVATION_NAMESPACE \
+                    and not m.get("deletionTimestamp"):
                 continue  # its device is counted as the shared device it reserves
+            # a terminating one (rolled back, or its last sharer gone) holds its GPU until the
+            # kubelet lets go: counted as foreign use, no group stands for it any more
             req = convert.pod_request(pod)
             usage = foreign.setdefault(node, [0, 0, 0, 0])
             usage[0] += req.cpu_m

@@ -1,0 +1,39 @@
+"""The watch cache's view of GPU reservation pods: a live one stands for its shared device (its
+GPU is not counted twice); a terminating one still holds its GPU on the node."""
+
+from __future__ import annotations
+
+from kubernetes import client
+
+from kai_ray.k8s import convert
+from kai_ray.k8s.cache import ClusterCache
+from kai_ray.testing.nodes import gpu_node_manifest
+
+
+def _reservation(name: str, deleting: bool) -> dict:
+    meta: dict = {"name": name, "namespace": convert.RESERVATION_NAMESPACE, "uid": name,
+                  "labels": {convert.GPU_GROUP_LABEL: f"group-{name}"}}
+    if deleting:
+        meta["deletionTimestamp"] = "2026-11-26T00:00:00Z"
+    return {"metadata": meta, "status": {"phase": "Running"},
+            "spec": {"nodeName": "n0", "containers": [{"name": "reservation", "resources": {
+                "limits": {convert.GPU: "1"}, "requests": {convert.GPU: "1"}}}]}}
+
+
+def _foreign_gpus(*pods: dict) -> int:
+    cache = ClusterCache(client.ApiClient(client.Configuration()))
+    cache.nodes.items = {"n0": gpu_node_manifest("n0", 0, 2)}
+    cache.pods.items = {f"{p['metadata']['namespace']}/{p['metadata']['name']}": p for p in pods}
+    snapshot, problems, _ = cache.snapshot()
+    assert not problems
+    (node,) = snapshot.nodes
+    return node.foreign_gpus
+
+
+def test_a_live_reservation_pod_is_not_foreign_use() -> None:
+    assert _foreign_gpus(_reservation("live", deleting=False)) == 0
+
+
+def test_a_terminating_reservation_pod_still_holds_its_gpu() -> None:
+    assert _foreign_gpus(_reservation("live", deleting=False),
+                         _reservation("going", deleting=True)) == 1
