@@ -12,6 +12,7 @@ from typing import Any
 
 from kubernetes.client import ApiClient
 
+from kai_ray.controller.health import Health, HealthConfig, HealthServer
 from kai_ray.controller.leader import LeaderElector, LeaseConfig
 from kai_ray.controller.metrics import SchedulerMetrics, start_metrics_server
 from kai_ray.controller.podgrouper import PodGrouper
@@ -57,31 +58,47 @@ def client_connection(args: argparse.Namespace,
     return config_file.ClientConnection(*checked)
 
 
-def api_clients(args: argparse.Namespace, conn: config_file.ClientConnection | None = None
-                ) -> tuple[ApiClient, ApiClient]:
+def api_clients(args: argparse.Namespace, conn: config_file.ClientConnection | None = None,
+                file: config_file.ConfigFile | None = None) -> tuple[ApiClient, ApiClient]:
     """(client for everything, client for events), each with its own token bucket of the same
-    QPS and burst, as kube-scheduler builds its clientset and its event clientset. `conn`:
-    the rate limit when the caller has it already (else read from the flags and --config)."""
+    QPS and burst, as kube-scheduler builds its clientset and its event clientset, and the
+    config file's request timeouts. `conn`, `file`: the rate limit and the parsed --config
+    when the caller has them already (else read from the flags and --config)."""
+    if file is None:
+        file = config_file.load(getattr(args, "config", None))
     if conn is None:
-        conn = client_connection(args)
-    return (api_client(args.kubeconfig, qps=conn.qps, burst=conn.burst),
-            api_client(args.kubeconfig, pool_size=8, qps=conn.qps, burst=conn.burst))
+        conn = client_connection(args, file)
+    timeout = file.api_timeouts()
+    request = (timeout.connect_s, timeout.request_s)
+    return (api_client(args.kubeconfig, qps=conn.qps, burst=conn.burst, timeout=request),
+            api_client(args.kubeconfig, pool_size=8, qps=conn.qps, burst=conn.burst,
+                       timeout=request))
+
+
+def _health_config(file: config_file.ConfigFile) -> HealthConfig:
+    h = file.health()
+    return HealthConfig(max_cycle_age_s=h.max_cycle_age_s,
+                        max_informer_silence_s=h.max_informer_silence_s)
 
 
 def run_settings(args: argparse.Namespace
-                 ) -> tuple[LoopConfig, config_file.ClientConnection]:
-    """The loop's configuration and the client's rate limit, from one read of --config."""
+                 ) -> tuple[LoopConfig, config_file.ClientConnection, config_file.ConfigFile]:
+    """The loop's configuration, the client's rate limit and the parsed file, from one read
+    of --config (every section checked before anything starts)."""
     file = config_file.load(getattr(args, "config", None))
-    return _loop_config(file), client_connection(args, file)
+    file.health()
+    return _loop_config(file), client_connection(args, file), file
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    loop_config, conn = run_settings(args)
-    api, events_api = api_clients(args, conn)
+    loop_config, conn, file = run_settings(args)
+    timeouts = file.api_timeouts()
+    api, events_api = api_clients(args, conn, file)
     metrics = SchedulerMetrics()
-    cache = ClusterCache(api)
+    cache = ClusterCache(api, watch_timeout=max(1, round(timeouts.watch_s)),
+                         connect_timeout=timeouts.connect_s)
     try:
         cache.start()
     except (RuntimeError, TimeoutError) as e:
@@ -113,6 +130,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         extras.append(hook)
         log.info("admission webhook on %s", hook.url)
     is_leader = None
+    elector = None
     if getattr(args, "leader_election", "off") == "on":
         elector = LeaderElector(api, LeaseConfig(name=args.lease_name,
                                                  namespace=args.lease_namespace))
@@ -124,6 +142,13 @@ def cmd_run(args: argparse.Namespace) -> int:
     worker = threading.Thread(target=loop.run, args=(is_leader,), name="scheduler-loop",
                               daemon=True)
     worker.start()
+    if getattr(args, "health_port", 0):
+        health = Health(_health_config(file), loop, cache, lambda: worker,
+                        threads=lambda: _workers(loop, elector), is_leader=is_leader)
+        health_server = HealthServer(health, args.health_port,
+                                     getattr(args, "health_addr", "127.0.0.1"))
+        extras.append(health_server)
+        log.info("health on %s/healthz and /readyz", health_server.url)
     code = 0
     while not stop.wait(0.5):
         if not worker.is_alive():
@@ -140,6 +165,13 @@ def cmd_run(args: argparse.Namespace) -> int:
             log.info("%s client: %d requests, %.1fs waited for the rate limit", name,
                      limiter.taken, limiter.waited_s)
     return code
+
+
+def _workers(loop: SchedulerLoop, elector: LeaderElector | None) -> list[threading.Thread]:
+    """The threads /healthz watches beside the loop's and the informers'."""
+    threads = [t for t in (loop._grouping, elector._thread if elector else None) if t]
+    threads.extend(getattr(loop.events, "_threads", ()))
+    return threads
 
 
 if __name__ == "__main__":  # pragma: no cover

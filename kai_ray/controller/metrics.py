@@ -20,7 +20,10 @@ Series (base units; prometheus_client appends ``_total`` to counters):
 - ``kai_ray_queue_{deserved,limit,fair_share,allocated,allocated_non_preemptible,requested}``
   ``{queue,resource}`` gauges, resource ``gpu`` (GPUs), ``cpu`` (cores), ``memory`` (bytes);
   -1 keeps the core's meaning "unlimited" / "no quota". Queues gone from the cycle lose
-  their series, so deleted queues do not linger.
+  their series, so deleted queues do not linger;
+- ``kai_ray_event_queue_length``, ``kai_ray_event_memory_keys`` gauges and
+  ``kai_ray_events_{written,aggregated,suppressed,dropped,failed}_total`` counters, from the
+  event recorder's ``stats()`` (``record_events``).
 
 Unlike KAI (latencies as millisecond gauges, ``kai_`` prefix), latencies are histograms in
 seconds, as Prometheus' naming rules ask.
@@ -30,7 +33,7 @@ from __future__ import annotations
 
 import threading
 from collections import Counter as Tally
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from wsgiref.simple_server import WSGIServer
 
@@ -45,6 +48,12 @@ RESOURCES = tuple(name for _, name in sorted([(CPU, "cpu"), (MEM, "memory"), (GP
 _TO_BASE = {"gpu": 1.0, "cpu": 1e-3, "memory": 1.0}  # queue units -> GPUs, cores, bytes
 LATENCY_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
                    5.0, 10.0, 30.0)
+EVENT_COUNTERS = {
+    "written": "Event writes that succeeded (creates and updates).",
+    "aggregated": "Repeated events written as an update of their Event (count + 1).",
+    "suppressed": "Repeated events not written (within the repeat interval).",
+    "dropped": "Events dropped because the event queue was full.",
+    "failed": "Event writes the API server refused or did not answer."}
 QUEUE_FIELDS = ("deserved", "limit", "fair_share", "allocated", "allocated_non_preemptible",
                 "requested")
 
@@ -81,6 +90,14 @@ class SchedulerMetrics:
             f: Gauge(f"queue_{f}", f"Queue {f.replace('_', ' ')} per resource (GPUs, cores, "
                      "bytes; -1 = unlimited).", ["queue", "resource"], namespace=ns, registry=r)
             for f in QUEUE_FIELDS}
+        self.event_queue = Gauge("event_queue_length", "Events queued, not yet written.",
+                                 namespace=ns, registry=r)
+        self.event_keys = Gauge("event_memory_keys",
+                                "(object, reason) pairs the event recorder remembers.",
+                                namespace=ns, registry=r)
+        self.events = {k: Counter(f"events_{k}", help_, namespace=ns, registry=r)
+                       for k, help_ in EVENT_COUNTERS.items()}
+        self._events_seen: dict[str, int] = {}
         self._lock = threading.Lock()
         self._queues: set[str] = set()
         self._reasons: set[str] = set()
@@ -99,6 +116,17 @@ class SchedulerMetrics:
                 self.pods_evicted.labels(action).inc(n)
             self._set_pending(Tally(s.reason for s in result.job_status.values()))
             self._set_queues(result.queues.values())
+
+    def record_events(self, stats: Mapping[str, int]) -> None:
+        """The event recorder's `stats()` (kai_ray.k8s.events): its queue length and memory,
+        and its counters' growth since the last call (thread-safe)."""
+        with self._lock:
+            self.event_queue.set(stats.get("queued", 0))
+            self.event_keys.set(stats.get("remembered", 0))
+            for key, counter in self.events.items():
+                value = stats.get(key, 0)
+                counter.inc(max(0, value - self._events_seen.get(key, 0)))
+                self._events_seen[key] = value
 
     def _set_pending(self, by_reason: Tally[str]) -> None:
         for reason in self._reasons - set(by_reason):

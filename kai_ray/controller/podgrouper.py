@@ -1,22 +1,37 @@
 """The pod grouper: every pod with `schedulerName: kai-scheduler` gets its PodGroup (created or
 updated as KAI does) and the `pod-group-name` annotation. The rules are the pure ones in
-kai_ray.grouping; this module only reads owners and writes objects."""
+kai_ray.grouping; this module only reads owners and writes objects.
+
+No pod is dropped on an error: each pod's failure is caught on its own (the other pods of the
+pass are grouped), and the pod is either retried with its own jittered exponential back-off
+(1 s doubling to 60 s, as KAI's pod grouper requeues) or told why on a PodGrouperWarning event.
+Transient failures (API 5xx/429/409, owner 404, connection errors) are told once they repeat;
+anything else is told at once and still retried. An owner whose kind the API server does not
+serve cannot ever be read: the walk stops there, as for a 403, and the pod is grouped by the
+owners read so far (the pod itself if none), with an event naming the unreadable reference.
+(KAI requeues such a pod for as long as it exists, so it never runs; grouping it by what could
+be read lets it be scheduled, and the event says why its PodGroup is not its owner's.)"""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
+import urllib3
 from kubernetes import client, dynamic
 from kubernetes.client.rest import ApiException
+from kubernetes.dynamic.exceptions import ResourceNotFoundError
 
 from kai_ray.controller.raywatch import RayClusterWatch
 from kai_ray.grouping import GroupingConfig
-from kai_ray.grouping.objects import GroupingError, RayClusterPending
+from kai_ray.grouping.objects import GroupingError, RayClusterPending, ref
 from kai_ray.grouping.owners import resolve_top_owner
 from kai_ray.grouping.podgroup import group_pod, should_group
 from kai_ray.grouping.update import podgroup_update
@@ -27,6 +42,43 @@ from kai_ray.k8s.events import EventRecorder
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 RESYNC_SECONDS = 10.0
+RETRY_BASE_S, RETRY_MAX_S = 1.0, 60.0
+# transient failures in a row before the pod is told (the first few are usually a blip)
+WARN_AFTER = 3
+# how long a kind the API server does not serve is remembered: each miss costs the dynamic
+# client a full rediscovery, which a pod regrouped every resync would otherwise repeat
+UNSERVED_KIND_TTL_S = 30.0
+
+
+class OwnerNotFound(Exception):
+    """An ownerReference (or a RayJob's RayCluster) names an object that does not exist."""
+
+
+def _transient(e: BaseException) -> bool:
+    """Worth retrying quietly a few times: the API server or the network may recover."""
+    if isinstance(e, OwnerNotFound):
+        return True  # often a race with its creation or deletion; the GC removes orphans
+    if isinstance(e, ApiException):
+        return not e.status or e.status in (404, 409, 429) or e.status >= 500
+    return isinstance(e, urllib3.exceptions.HTTPError | OSError)  # OSError: TimeoutError too
+
+
+def _describe(e: BaseException) -> str:
+    if isinstance(e, OwnerNotFound):
+        return str(e)
+    if isinstance(e, ApiException):
+        message = ""
+        with contextlib.suppress(ValueError, TypeError, AttributeError):  # not a Status
+            message = json.loads(e.body or "{}").get("message", "")
+        return f"API error {e.status} {e.reason}" + (f": {message}" if message else "")
+    return f"{type(e).__name__}: {e}"[:500]
+
+
+def retry_delay(attempts: int) -> float:
+    """Seconds before try `attempts + 1`: doubling from RETRY_BASE_S to RETRY_MAX_S, ±20 % so
+    pods that failed together (one outage) do not all come back in the same pass."""
+    delay = min(RETRY_MAX_S, RETRY_BASE_S * 2.0 ** min(max(attempts - 1, 0), 16))
+    return delay * random.uniform(0.8, 1.2)
 
 
 class PassWrites:
@@ -74,23 +126,42 @@ class PodGrouper:
         self._dynamic: dynamic.DynamicClient | None = None
         self._namespaces: dict[str, tuple[float, Mapping[str, str]]] = {}
         self._last_resync = 0.0
-        self.retry: set[str] = set()
+        # pods to group again: key -> (failures in a row, not before (monotonic))
+        self.retry: dict[str, tuple[int, float]] = {}
         self._retry_lock = threading.Lock()
+        self._discovery_lock = threading.Lock()
+        self._unserved: dict[tuple[str, str], float] = {}  # (apiVersion, kind) -> until
+        self._told: set[tuple[str, str]] = set()  # (pod uid, message) of one-off warnings
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grouper")
         self.ray_watch: RayClusterWatch | None = None
 
     # ------------------------------------------------------------------ reads
     def get_owner(self, api_version: str, kind: str, namespace: str, name: str
                   ) -> Mapping[str, Any] | None:
-        with self._retry_lock:  # discovery once, not once per thread
+        """The owner as a dict; None when it may not be read (403). Raises OwnerNotFound (404),
+        ResourceNotFoundError when the API server serves no such kind, or what the request
+        raised."""
+        with self._discovery_lock:  # discovery once, not once per thread
             if self._dynamic is None:
                 self._dynamic = dynamic.DynamicClient(self.api)
+            until = self._unserved.get((api_version, kind), 0.0)
+        if time.monotonic() < until:
+            raise ResourceNotFoundError(f"No matches found for {kind} in {api_version}")
         try:
             resource = self._dynamic.resources.get(api_version=api_version, kind=kind)
+        except ResourceNotFoundError:
+            with self._discovery_lock:
+                self._unserved[(api_version, kind)] = time.monotonic() + UNSERVED_KIND_TTL_S
+            raise
+        try:
             obj = resource.get(name=name, namespace=namespace if resource.namespaced else None)
         except ApiException as e:
             if e.status == 403:
                 return None
+            if e.status == 404:
+                where = f"{namespace}/{name}" if resource.namespaced else name
+                raise OwnerNotFound(
+                    f"{kind} {where} (apiVersion {api_version}) does not exist") from e
             raise
         result: Mapping[str, Any] = obj.to_dict()
         return result
@@ -112,10 +183,10 @@ class PodGrouper:
         """Group the pods that changed (and, every few seconds, one pod per PodGroup, so owner
         changes such as a RayCluster's minReplicas reach the PodGroup). Returns pods handled."""
         dirty = set(self.cache.take_dirty_pods())
-        with self._retry_lock:
-            keys = dirty | self.retry | self._ray_changed()
-            self.retry = set()
         now = time.monotonic()
+        with self._retry_lock:
+            due = {key for key, (_, at) in self.retry.items() if at <= now}
+        keys = dirty | due | self._ray_changed()
         if now - self._last_resync > RESYNC_SECONDS:
             self._last_resync = now
             seen: set[tuple[str, str]] = set()
@@ -131,6 +202,7 @@ class PodGrouper:
         for key in sorted(keys):
             pod = self.cache.pods.get(key)
             if pod is None or not should_group(pod, self.config):
+                self._forget(key)  # deleted, or no longer ours
                 continue
             m = pod["metadata"]
             group = (m.get("annotations") or {}).get("pod-group-name")
@@ -143,19 +215,56 @@ class PodGrouper:
         return sum(self.pool.map(lambda item: self._group_one(*item, writes), todo))
 
     def _group_one(self, key: str, pod: Obj, writes: PassWrites) -> int:
+        """Group one pod; every failure stays with this pod (never the pass), and leaves it
+        scheduled for a retry or told why."""
         try:
             self._group(pod, writes)
-            return 1
         except RayClusterPending as e:
+            # not a failure: the operator has not named the cluster yet; look again next pass
             log.info("%s", e)
-        except GroupingError as e:
+            with self._retry_lock:
+                self.retry[key] = (self.retry.get(key, (0, 0.0))[0], 0.0)
+            return 0
+        except GroupingError as e:  # the objects are wrong: told; a change regroups the pod
+            self._forget(key)
             self.events.emit(pod, "PodGrouperWarning", str(e), type_="Warning")
             return 0
-        except ApiException as e:
-            log.warning("grouping %s failed: %s %s", key, e.status, e.reason)
+        except Exception as e:
+            self._failed(key, pod, e)
+            return 0
+        self._forget(key)
+        return 1
+
+    def _forget(self, key: str) -> None:
         with self._retry_lock:
-            self.retry.add(key)
-        return 0
+            self.retry.pop(key, None)
+
+    def _failed(self, key: str, pod: Obj, e: Exception) -> None:
+        with self._retry_lock:
+            attempts = self.retry.get(key, (0, 0.0))[0] + 1
+            delay = retry_delay(attempts)
+            self.retry[key] = (attempts, time.monotonic() + delay)
+        what = _describe(e)
+        transient = _transient(e)
+        log.warning("grouping %s failed (%d in a row; next try in %.1fs): %s", key, attempts,
+                    delay, what, exc_info=None if transient or isinstance(e, ApiException)
+                    else e)
+        if not transient or attempts == WARN_AFTER:
+            self.events.emit(pod, "PodGrouperWarning",
+                             f"the pod cannot be grouped yet: {what}; the pod grouper retries "
+                             "with back-off (up to a minute apart)", type_="Warning")
+
+    def _tell_once(self, pod: Obj, message: str) -> None:
+        """A Warning told once per pod and message: the recorder remembers only each pod's
+        last message, and the grouping warnings of every resync would alternate with it."""
+        told = ((pod.get("metadata") or {}).get("uid", ""), message)
+        with self._retry_lock:
+            if told in self._told:
+                return
+            if len(self._told) > 10_000:
+                self._told.clear()
+            self._told.add(told)
+        self.events.emit(pod, "PodGrouperWarning", message, type_="Warning")
 
     def _ray_changed(self) -> set[str]:
         """One pod of each RayCluster whose spec changed since the last cycle."""
@@ -173,12 +282,27 @@ class PodGrouper:
         return set(out.values())
 
     def _group(self, pod: Obj, writes: PassWrites) -> None:
-        owners = resolve_top_owner(pod, self.get_owner)
+        unserved: list[str] = []
+
+        def read(api_version: str, kind: str, namespace: str, name: str
+                 ) -> Mapping[str, Any] | None:
+            try:
+                return self.get_owner(api_version, kind, namespace, name)
+            except ResourceNotFoundError:
+                # never readable, so retrying cannot help: stop the walk here, as for a 403
+                unserved.append(f"{kind} {name} (apiVersion {api_version})")
+                return None
+
+        owners = resolve_top_owner(pod, read)
         classes = {pc["metadata"]["name"] for pc in self.cache.priority_classes.values()}
         ns = pod["metadata"]["namespace"]
         grouping = group_pod(pod, owners, classes, self.config, self.namespace_labels(ns))
         for warning in grouping.warnings:
             self.events.emit(pod, "PodGrouperWarning", warning, type_="Warning")
+        for owner in unserved:
+            self._tell_once(pod, f"ownerReference {owner} cannot be read: the API server "
+                                 f"serves no such kind; the pod is grouped by {ref(owners.top)}"
+                                 " instead")
         name = grouping.name
         writes.once(f"{ns}/{name}", lambda: self._write_podgroup(ns, name, grouping.podgroup))
         patch = grouping.pod_patch()

@@ -24,6 +24,12 @@ from kai_ray.k8s.suspend import DEMAND_ANNOTATION, Suspender, wants_suspend
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 ASSUME_SECONDS = 30.0
+# a pod whose bind failed for good waits this long before it is scheduled again, doubling
+# with each give-up (kube-scheduler's unschedulable-pod back-off has the same shape)
+BACKOFF_SECONDS = (10.0, 300.0)
+# the API version events name for each kind a Problem can be about
+PROBLEM_KINDS = {"Pod": "v1", "Node": "v1", "PriorityClass": "scheduling.k8s.io/v1",
+                 "PodGroup": "scheduling.run.ai/v2alpha2", "Queue": "scheduling.run.ai/v2"}
 
 
 @dataclass
@@ -59,7 +65,17 @@ class SchedulerLoop:
         self.grouper = grouper
         self.on_cycle = on_cycle
         self.assumed: dict[str, _Assumed] = {}
+        # pods whose bind was given up: key -> (not before (monotonic), give-ups so far)
+        self.backoff: dict[str, tuple[float, int]] = {}
+        self._problems: set[str] = set()  # last cycle's, so each is logged once
         self.cycles = 0
+        self.failed_cycles = 0
+        # monotonic times the health endpoint reads: the start of the cycle running now (None
+        # between cycles) and the last time the loop made progress (a cycle completed, or a
+        # follower's turn to wait)
+        self.cycle_started: float | None = None
+        self.last_progress = time.monotonic()
+        self.last_error: str | None = None
         self.last_result: CycleResult | None = None
         self.stopping = threading.Event()
         self._grouping: threading.Thread | None = None
@@ -67,6 +83,11 @@ class SchedulerLoop:
     # ------------------------------------------------------------------ snapshot
     def _apply_assumed(self, snapshot: Snapshot, pods: dict[str, Obj]) -> Snapshot:
         now = time.monotonic()
+        for key, (until, _) in list(self.backoff.items()):
+            pod = pods.get(key)
+            if pod is None or (pod.get("spec") or {}).get("nodeName") or (
+                    now > until + BACKOFF_SECONDS[1]):
+                del self.backoff[key]  # gone, bound meanwhile, or long past: forget it
         for key, a in list(self.assumed.items()):
             pod = pods.get(key)
             seen = pod is not None and (
@@ -75,17 +96,23 @@ class SchedulerLoop:
                     (pod.get("metadata") or {}).get("deletionTimestamp")))
             if pod is None or seen or now > a.until:
                 del self.assumed[key]
-        if not self.assumed:
+        waiting = {k for k, (until, _) in self.backoff.items() if now < until}
+        if not self.assumed and not waiting:
             return snapshot
         jobs = []
         for job in snapshot.jobs:
             changed = False
             new_pods = []
             for p in job.pods:
-                a = self.assumed.get(f"{p.namespace}/{p.name}")
+                key = f"{p.namespace}/{p.name}"
+                a = self.assumed.get(key)
                 if a is not None and p.status in (PodStatus.PENDING, *ACTIVE_ALLOCATED):
                     p = dataclasses.replace(p, status=a.status, node=a.node or p.node,
                                             gpu_groups=a.groups or p.gpu_groups)
+                    changed = True
+                elif key in waiting and p.status == PodStatus.PENDING:
+                    # backing off after its bind failed for good: not placed, as if gated
+                    p = dataclasses.replace(p, status=PodStatus.GATED)
                     changed = True
                 new_pods.append(p)
             jobs.append(dataclasses.replace(job, pods=tuple(new_pods)) if changed else job)
@@ -104,6 +131,7 @@ class SchedulerLoop:
             for b in self.binder.resumed:  # as for the cycle's own binds (_carry_out)
                 self.assumed[f"{b.namespace}/{b.pod}"] = _Assumed(PodStatus.BOUND, b.node,
                                                                   b.gpu_groups, until)
+            self._back_off(self.binder.gave_up)
         snapshot = self._apply_assumed(snapshot, pods)
         t_snap = time.perf_counter()
         result = schedule(snapshot, self.config.core, time.time(), clock=time.perf_counter)
@@ -125,11 +153,14 @@ class SchedulerLoop:
 
     def _carry_out(self, result: CycleResult, snapshot: Snapshot, podgroups: dict[str, Obj],
                    pods: dict[str, Obj], problems: list[Any]) -> None:
+        """Each step on its own: a fault in one (an API error, a reset, a bug) is logged and
+        the others still run; the steps repeat what is left next cycle."""
         until = time.monotonic() + ASSUME_SECONDS
-        suspended = set(self._suspend_instead(result, snapshot, podgroups, pods))
+        suspended: set[str] = set(self._step("suspending RayJobs", list, self._suspend_instead,
+                                             result, snapshot, podgroups, pods) or ())
         for key in suspended:
             self.assumed[key] = _Assumed(PodStatus.RELEASING, None, (), until)
-        self._resume_suspended(result, podgroups, pods)
+        self._step("resuming RayJobs", None, self._resume_suspended, result, podgroups, pods)
         for ev in result.evictions:
             if f"{ev.namespace}/{ev.pod}" in suspended:
                 continue  # its RayJob was suspended instead
@@ -150,17 +181,53 @@ class SchedulerLoop:
             key = f"{b.namespace}/{b.pod}"
             if key in self.binder.last_bound:  # not one waiting for its GPU reservation pod
                 self.assumed[key] = _Assumed(PodStatus.BOUND, b.node, b.gpu_groups, bound_until)
-        self.status.pending(result, podgroups, pods)
-        self.status.clear_scheduled(podgroups.values(), set(result.job_status))
-        self.status.stale(result, podgroups)
-        self.status.queues(result.queues, self.cache.queues.values(), problems)
-        for problem in problems:
-            log.warning("%s", problem)
+        self._back_off(self.binder.gave_up)
+        self._step("pending status", None, self.status.pending, result, podgroups, pods)
+        self._step("scheduled status", None, self.status.clear_scheduled, podgroups.values(),
+                   set(result.job_status))
+        self._step("stale gangs", None, self.status.stale, result, podgroups)
+        self._step("queue status", None, self.status.queues, result.queues,
+                   self.cache.queues.values(), problems)
+        self._report(problems)
         if self.config.reservation_gc:
-            self.binder.collect_reservations(
-                pods.values(), podgroups.values(),
-                {g for a in self.assumed.values() if a.status == PodStatus.BOUND
-                 for g in a.groups})
+            self._step("reservation clean-up", None, self.binder.collect_reservations,
+                       pods.values(), podgroups.values(),
+                       {g for a in self.assumed.values() if a.status == PodStatus.BOUND
+                        for g in a.groups})
+
+    def _step(self, what: str, default: Any, fn: Any, *args: Any) -> Any:
+        try:
+            return fn(*args)
+        except Exception:  # this step's outcome, not the cycle's
+            log.exception("%s failed; the next cycle tries again", what)
+            return default
+
+    def _back_off(self, gave_up: dict[str, str]) -> None:
+        """Pods whose bind was given up wait before they are scheduled again, longer each
+        time (a policy that refuses a binding refuses it next cycle too)."""
+        now = time.monotonic()
+        for key in gave_up:
+            _, count = self.backoff.get(key, (0.0, 0))
+            delay = min(BACKOFF_SECONDS[1], BACKOFF_SECONDS[0] * 2 ** count)
+            self.backoff[key] = (now + delay, count + 1)
+            log.info("pod %s: back-off %.0fs before it is scheduled again", key, delay)
+
+    def _report(self, problems: list[Any]) -> None:
+        """Each problem as a Warning event on its object (the recorder writes an unchanged
+        one once); logged when it is new. Queue problems are also the Queue's condition."""
+        seen = set()
+        for problem in problems:
+            text = str(problem)
+            seen.add(text)
+            if text not in self._problems:
+                log.warning("%s", text)
+            obj = {"metadata": {"name": problem.name, "namespace": problem.namespace,
+                                "uid": problem.uid or None}}
+            self.events.emit(obj, "InvalidSpec", f"{problem.field}: {problem.message}",
+                             kind=problem.kind,
+                             api_version=PROBLEM_KINDS.get(problem.kind, "v1"),
+                             type_="Warning")
+        self._problems = seen
 
     # ------------------------------------------------------------------ RayJob suspension
     def _suspend_instead(self, result: CycleResult, snapshot: Snapshot,
@@ -225,10 +292,20 @@ class SchedulerLoop:
         while not self.stopping.is_set():
             started = time.monotonic()
             if is_leader is None or is_leader():
+                self.cycle_started = started
                 try:
                     self.cycle()
-                except Exception:  # one bad cycle must not stop scheduling
+                except Exception as e:  # one bad cycle must not stop scheduling
+                    self.failed_cycles += 1
+                    self.last_error = f"{type(e).__name__}: {e}"
                     log.exception("scheduling cycle failed")
+                else:
+                    self.last_progress = time.monotonic()
+                    self.last_error = None
+                finally:
+                    self.cycle_started = None
+            else:
+                self.last_progress = time.monotonic()  # a follower waits: that is its work
             elapsed = time.monotonic() - started
             self.cache.changed.clear()
             self.stopping.wait(max(0.0, self.config.period_s - elapsed))

@@ -81,7 +81,7 @@ class JobStatus:
 
     job: str
     namespace: str
-    reason: str  # OverLimit | NonPreemptibleOverQuota | QueueDoesNotExist | Unschedulable | ...
+    reason: str  # OverLimit | NonPreemptibleOverQuota | QueueDoesNotExist | QueueParentCycle | ...
     message: str
     pending_pods: tuple[str, ...] = ()
     fit: NodeFitSummary | None = None

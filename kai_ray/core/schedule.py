@@ -22,6 +22,7 @@ from kai_ray.core import fairshare
 from kai_ray.core.actions import allocate, consolidation, preempt, reclaim, stale
 from kai_ray.core.capacity import QUEUE_DOES_NOT_EXIST
 from kai_ray.core.model import ACTIVE_USED, PodStatus, SchedulerConfig, Snapshot
+from kai_ray.core.queuetree import QUEUE_PARENT_CYCLE
 from kai_ray.core.result import (
     Bind,
     CycleResult,
@@ -228,7 +229,9 @@ def _job_statuses(sess: Session, result: CycleResult) -> None:
         if not pending:
             continue
         fit = None
-        if job.queue not in sess.queues:
+        if job.queue in sess.excluded_queues:
+            reason, message = QUEUE_PARENT_CYCLE, sess.excluded_queues[job.queue]
+        elif job.queue not in sess.queues:
             reason, message = QUEUE_DOES_NOT_EXIST, f"Queue '{job.queue}' does not exist"
         elif not sess.is_leaf(job.queue):
             reason = "QueueNotLeaf"

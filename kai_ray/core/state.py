@@ -28,6 +28,7 @@ from kai_ray.core.model import (
     SchedulerConfig,
     Snapshot,
 )
+from kai_ray.core.queuetree import excluded_queues
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -547,6 +548,12 @@ class Session:
                 preempt_min_runtime=q.preempt_min_runtime_s,
                 reclaim_min_runtime=q.reclaim_min_runtime_s,
             )
+        # a queue on a parent cycle never reaches a root (and a walk up from it never ends):
+        # removed with all its descendants, each with why (its jobs' pending message)
+        parents = {name: q.parent or "" for name, q in self.queues.items()}
+        self.excluded_queues: dict[str, str] = excluded_queues(parents)
+        for name in self.excluded_queues:
+            del self.queues[name]
         # orphans (parent missing) are removed with all their descendants
         changed = True
         while changed:

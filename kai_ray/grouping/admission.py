@@ -127,32 +127,44 @@ def _whole_gpu_limit(pod: Obj) -> bool:
 
 def validate_gpu_request(pod: Obj) -> str | None:
     """KAI's GPU-sharing checks, in KAI's order; the first failure's message, or None."""
+    problem = gpu_request_problem(pod)
+    return problem[1] if problem else None
+
+
+def gpu_request_problem(pod: Obj) -> tuple[str, str] | None:
+    """KAI's GPU-sharing checks, in KAI's order: (the annotation at fault, KAI's message) of
+    the first failure, or None."""
     ann = _annotations(pod)
     fraction, memory = ann.get(GPU_FRACTION), ann.get(GPU_MEMORY)
     count = ann.get(GPU_FRACTION_NUM_DEVICES)
     whole = _whole_gpu_limit(pod)
     if fraction is None and memory is None and ann.get(MPS) == "true":
-        return "MPS is only supported with GPU fraction request"
+        return MPS, "MPS is only supported with GPU fraction request"
     if fraction is not None and whole:
-        return "cannot have both GPU fraction request and whole GPU resource request/limit"
+        return GPU_FRACTION, ("cannot have both GPU fraction request and whole GPU resource "
+                              "request/limit")
     if memory is not None and (fraction is not None or whole):
-        return "cannot request both GPU and GPU memory"
+        return GPU_MEMORY, "cannot request both GPU and GPU memory"
     if count is not None and fraction is None and memory is None:
-        return ("cannot request multiple fractional devices without specifying fraction portion "
-                "or gpu-memory")
+        return GPU_FRACTION_NUM_DEVICES, ("cannot request multiple fractional devices without "
+                                          "specifying fraction portion or gpu-memory")
     if memory is not None and not _parse_go_uint(memory):
-        return "gpu-memory annotation value must be a positive integer greater than 0"
+        return GPU_MEMORY, "gpu-memory annotation value must be a positive integer greater than 0"
     if fraction is not None:
         value, is_quantity = _parse_go_float(fraction)
         if value is None or value <= 0 or value >= 1:
-            return "gpu-fraction annotation value must be a positive number smaller than 1.0"
+            return GPU_FRACTION, ("gpu-fraction annotation value must be a positive number "
+                                  "smaller than 1.0")
         if math.isnan(value):
-            return "gpu-fraction annotation value must be a valid number. NaN is not allowed"
+            return GPU_FRACTION, ("gpu-fraction annotation value must be a valid number. NaN "
+                                  "is not allowed")
         if not is_quantity:
-            return ("gpu-fraction annotation value must be a float written with a decimal point "
-                    f"or a scientific notation .given value: {fraction}")
+            return GPU_FRACTION, ("gpu-fraction annotation value must be a float written with "
+                                  f"a decimal point or a scientific notation .given value: "
+                                  f"{fraction}")
     if count is not None and not _parse_go_uint(count):
-        return "fraction count annotation value must be a positive integer greater than 0"
+        return GPU_FRACTION_NUM_DEVICES, ("fraction count annotation value must be a positive "
+                                          "integer greater than 0")
     return None
 
 

@@ -67,6 +67,9 @@ class BinderConfig:
     # kai-ray's (operator/reservation.Dockerfile); KAI's resource-reservation image works too
     reservation_image: str = RESERVATION_IMAGE
     reservation_service_account: str = RESERVATION_SERVICE_ACCOUNT
+    # failed tries of one pod's bind (one per cycle) before it goes back to Pending with a
+    # BindFailed condition and a back-off; 404 (gone) and 409 (bound) are not failures
+    bind_attempts: int = 5
 
 
 class ReservationFailed(RuntimeError):
@@ -93,6 +96,10 @@ class Binder:
         # what the last call bound: apply_binds (keys) and resume (Binds); the loop assumes them
         self.last_bound: set[str] = set()
         self.resumed: list[Bind] = []
+        # pod key -> failed binds so far; pods given up by the last call -> why (the loop backs
+        # them off before they are scheduled again)
+        self._attempts: dict[str, int] = {}
+        self.gave_up: dict[str, str] = {}
         self._bound_now: list[Bind] = []
         # reservation pods by (node, group), indexed once per call from the pods it was given
         self._reservations: dict[tuple[str, str], Obj] | None = None
@@ -120,26 +127,45 @@ class Binder:
             json.dumps(intent)
 
     def resume(self, podgroups: Iterable[Obj], pods: dict[str, Obj]) -> int:
-        """Finish binds a previous run (or cycle) recorded but did not complete."""
+        """Finish binds a previous run (or cycle) recorded but did not complete. A gang that
+        fails is that gang's outcome: logged, retried next cycle, never raised."""
         done = 0
-        self._bound_now = []
-        self._reservations = None
+        self._start_call(pods)
         for pg in podgroups:
             intent = convert.bind_intent(pg)
             if not intent:
                 continue
-            ns = pg["metadata"]["namespace"]
-            binds = [Bind(job=pg["metadata"]["name"], namespace=ns, pod=name, node=v["node"],
-                          gpu_groups=tuple(v.get("gpu_groups") or ()),
-                          new_gpu_groups=tuple(v.get("new_gpu_groups") or ()),
-                          gpu_portion=float(v.get("portion") or 0.0),
-                          gpu_memory_mib=int(v.get("memory_mib") or 0), action="resume")
-                     for name, v in intent.items()]
-            started = ({convert.LAST_START_ANNOTATION: convert.now_rfc3339()}
-                       if any(v.get("start") for v in intent.values()) else None)
-            done += self._bind_gang(pg, binds, pods, started=started)
+            try:
+                done += self._resume_gang(pg, intent, pods)
+            except Exception:  # one gang's fault must not stop the others
+                log.exception("PodGroup %s: resuming its binds failed", pg["metadata"]["name"])
         self.resumed = list(self._bound_now)
         return done
+
+    def _resume_gang(self, pg: Obj, intent: dict[str, Any], pods: dict[str, Obj]) -> int:
+        ns = pg["metadata"]["namespace"]
+        binds, unreadable = [], []
+        for name, v in intent.items():
+            b = _intent_bind(pg["metadata"]["name"], ns, name, v)
+            if b is None:
+                unreadable.append(name)
+            else:
+                binds.append(b)
+        if unreadable:  # edited by hand? those pods go back to Pending
+            log.warning("PodGroup %s/%s: unreadable bind intent entries for %s dropped", ns,
+                        pg["metadata"]["name"], sorted(unreadable))
+            self._clear_intent(pg, unreadable, {})
+        started = ({convert.LAST_START_ANNOTATION: convert.now_rfc3339()}
+                   if any(isinstance(v, dict) and v.get("start") for v in intent.values())
+                   else None)
+        return self._bind_gang(pg, binds, pods, started=started)
+
+    def _start_call(self, pods: dict[str, Obj]) -> None:
+        self._bound_now = []
+        self._reservations = None
+        self.gave_up = {}
+        for key in [k for k in self._attempts if k not in pods]:
+            del self._attempts[key]  # deleted meanwhile
 
     # ------------------------------------------------------------------ binds
     def apply_binds(self, result: CycleResult, podgroups: dict[str, Obj],
@@ -147,13 +173,19 @@ class Binder:
         """Bind the cycle's decisions, gangs concurrently. Jobs in `starting` (none of their
         pods ran before) get the last-start annotation once a bind succeeded, in the same
         PodGroup patch that clears a gang's intent (a separate one for a single pod)."""
-        self._bound_now = []
-        self._reservations = None
+        self._start_call(pods)
         by_job: dict[str, list[Bind]] = {}
         for b in result.binds:
             by_job.setdefault(b.job, []).append(b)
 
         def one(job: str, binds: list[Bind]) -> int:
+            try:
+                return gang(job, binds)
+            except Exception:  # one gang's fault is that gang's outcome
+                log.exception("PodGroup %s: binding failed", job)
+                return 0
+
+        def gang(job: str, binds: list[Bind]) -> int:
             pg = podgroups.get(job)
             if pg is None:
                 return 0
@@ -169,9 +201,9 @@ class Binder:
                 return done
             try:
                 self.write_intent(pg, binds, start=bool(stamp))
-            except ApiException as e:
+            except Exception as e:  # refused, timed out, reset: next cycle
                 log.warning("PodGroup %s: bind intent not written (%s); skipping its binds",
-                            job, e.status)
+                            job, getattr(e, "status", None) or f"{type(e).__name__}: {e}")
                 return 0
             return self._bind_gang(pg, binds, pods, started=stamp)
 
@@ -186,9 +218,13 @@ class Binder:
 
     def _bind_gang(self, pg: Obj, binds: list[Bind], pods: dict[str, Obj],
                    intent: bool = True, started: dict[str, str] | None = None) -> int:
+        """Bind `binds` in order. A failed bind stops the gang's binds for this call (they
+        stay in the intent; a later cycle goes on), so a refusal binds as few of a gang as
+        possible; after `bind_attempts` failures of one pod, it and the gang's other unbound
+        pods leave the intent and go back to Pending."""
         finished: list[str] = []
         done = 0
-        for b in binds:
+        for i, b in enumerate(binds):
             pod = pods.get(f"{b.namespace}/{b.pod}")
             if pod is None or (pod.get("metadata") or {}).get("deletionTimestamp"):
                 finished.append(b.pod)  # gone: nothing to finish
@@ -203,43 +239,77 @@ class Binder:
                         continue  # stays in the intent: a later cycle binds it
                     self._prepare_shared_gpu(pod, b, devices)
                 self._bind(pod, b.node)
-            except ApiException as e:
-                if e.status in (404, 409, 422):
-                    finished.append(b.pod)  # deleted, already bound, or refused for good
-                log.warning("bind %s/%s -> %s failed: %s %s", b.namespace, b.pod, b.node,
-                            e.status, e.reason)
-                continue
             except ReservationFailed as e:
                 self._give_up(pod, e)
                 finished.append(b.pod)  # out of the intent: Pending again, room released
                 continue
-            finished.append(b.pod)
-            done += 1
-            self.bound_total += 1
-            self._bound_now.append(b)
-            self.events.emit(pod, "Scheduled",
-                             f"Successfully assigned {b.namespace}/{b.pod} to {b.node}")
-        if finished and intent:
-            pending = convert.bind_intent(pg)
-            for name in finished:
-                pending.pop(name, None)
-            value = json.dumps(pending) if pending else None
-            update: dict[str, str | None] = {convert.BIND_INTENT_ANNOTATION: value}
-            if done and started:
-                update.update(started)
-            try:
-                self._patch_pg_annotations(pg, update)
             except ApiException as e:
-                log.warning("PodGroup %s: intent not cleared (%s)", pg["metadata"]["name"],
-                            e.status)
-            else:  # a later write of this cycle (new binds of the gang) starts from this
-                ann = pg["metadata"].setdefault("annotations", {})
-                for k, v in update.items():
-                    if v is None:
-                        ann.pop(k, None)
-                    else:
-                        ann[k] = v
+                if e.status in (404, 409):  # deleted, or bound already
+                    log.info("bind %s/%s -> %s: %s %s", b.namespace, b.pod, b.node, e.status,
+                             e.reason)
+                    finished.append(b.pod)
+                    continue
+                failure = f"{e.status} {e.reason}: {api_message(e)}"
+            except Exception as e:  # a reset, a timeout, a bad value: this pod's
+                failure = f"{type(e).__name__}: {e}"
+            else:
+                finished.append(b.pod)
+                self._attempts.pop(f"{b.namespace}/{b.pod}", None)
+                done += 1
+                self.bound_total += 1
+                self._bound_now.append(b)
+                self.events.emit(pod, "Scheduled",
+                                 f"Successfully assigned {b.namespace}/{b.pod} to {b.node}")
+                continue
+            if self._bind_failed(pod, b, failure):
+                # given up: the gang's pods not bound yet go back to Pending with it
+                finished.extend(r.pod for r in binds[i:])
+            break
+        if finished and intent:
+            self._clear_intent(pg, finished, started if done else {})
         return done
+
+    def _bind_failed(self, pod: Obj, b: Bind, failure: str) -> bool:
+        """Count a failed bind of `pod`; True when it has failed `bind_attempts` times: it gets
+        a BindFailed event and PodScheduled condition, and is listed in `gave_up`."""
+        key = f"{b.namespace}/{b.pod}"
+        tries = self._attempts.get(key, 0) + 1
+        limit = max(1, self.config.bind_attempts)
+        log.warning("bind %s -> %s failed (try %d of %d): %s", key, b.node, tries, limit,
+                    failure)
+        if tries < limit:
+            self._attempts[key] = tries
+            return False
+        self._attempts.pop(key, None)
+        message = (f"binding to node {b.node} failed {tries} times, last: {failure}; the pod "
+                   "is back to Pending and is tried again after a back-off")
+        self.events.emit(pod, "BindFailed", message, type_="Warning")
+        not_scheduled(self.core, pod, "BindFailed", message)
+        self.gave_up[key] = message
+        return True
+
+    def _clear_intent(self, pg: Obj, names: Iterable[str], extra: Mapping[str, str] | None
+                      ) -> None:
+        """Take `names` out of the gang's intent (and write `extra` annotations with it)."""
+        pending = convert.bind_intent(pg)
+        for name in names:
+            pending.pop(name, None)
+        value = json.dumps(pending) if pending else None
+        update: dict[str, str | None] = {convert.BIND_INTENT_ANNOTATION: value}
+        update.update(extra or {})
+        try:
+            self._patch_pg_annotations(pg, update)
+        except Exception as e:  # the next cycle's resume() sees the rest
+            log.warning("PodGroup %s: intent not cleared (%s)", pg["metadata"]["name"],
+                        getattr(e, "status", None) or f"{type(e).__name__}: {e}")
+            return
+        # a later write of this cycle (new binds of the gang) starts from this
+        ann = pg["metadata"].setdefault("annotations", {})
+        for k, v in update.items():
+            if v is None:
+                ann.pop(k, None)
+            else:
+                ann[k] = v
 
     def _bind(self, pod: Obj, node: str) -> None:
         m = pod["metadata"]
@@ -508,14 +578,49 @@ class Binder:
         except ApiException as e:
             if e.status == 404:
                 return False
-            if e.status == 429:  # a disruption budget says not now; the next cycle retries
-                log.info("eviction of %s/%s refused by a PodDisruptionBudget", m["namespace"],
-                         m["name"])
-                return False
-            raise
+            # 429: a disruption budget says not now; 500: more than one budget covers the pod
+            # (the eviction API refuses to choose). The next cycle decides again.
+            self._eviction_refused(pod, f"{e.status} {e.reason}: {api_message(e)}")
+            return False
+        except Exception as e:  # a reset or a timeout: this victim's outcome
+            self._eviction_refused(pod, f"{type(e).__name__}: {e}")
+            return False
         self.events.emit(pod, "Preempted" if action != "stalegangeviction" else "Evicted",
                          message, dedupe=False)
         return True
+
+
+    def _eviction_refused(self, pod: Obj, why: str) -> None:
+        m = pod["metadata"]
+        log.info("eviction of %s/%s refused: %s", m["namespace"], m["name"], why)
+        self.events.emit(pod, "EvictionRefused", f"the scheduler's eviction of this pod was "
+                         f"refused ({why}); it keeps running and the scheduler decides again "
+                         "next cycle", type_="Warning")
+
+
+def api_message(e: ApiException) -> str:
+    """The `message` of an API error's Status body (what a policy or webhook said), else its
+    body cut short."""
+    body = e.body if isinstance(e.body, str) else ""
+    try:
+        message = json.loads(body).get("message") if body else None
+    except (ValueError, AttributeError):
+        message = None
+    return str(message or body[:300] or e.reason or "")
+
+
+def _intent_bind(job: str, namespace: str, name: str, v: Any) -> Bind | None:
+    """A Bind from one bind-intent entry; None when the entry cannot be read."""
+    if not isinstance(v, dict) or not isinstance(v.get("node"), str) or not v["node"]:
+        return None
+    try:
+        return Bind(job=job, namespace=namespace, pod=name, node=v["node"],
+                    gpu_groups=tuple(str(g) for g in v.get("gpu_groups") or ()),
+                    new_gpu_groups=tuple(str(g) for g in v.get("new_gpu_groups") or ()),
+                    gpu_portion=float(v.get("portion") or 0.0),
+                    gpu_memory_mib=int(v.get("memory_mib") or 0), action="resume")
+    except (TypeError, ValueError):
+        return None
 
 
 def last_start_needed(pg: Obj) -> bool:

@@ -7,17 +7,20 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+import urllib3
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
-from kai_ray.core.model import Node, Snapshot
-from kai_ray.k8s import convert
+from kai_ray.core.model import Job, Node, Snapshot
+from kai_ray.core.queuetree import queue_cycles
+from kai_ray.k8s import convert, trim
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
@@ -39,11 +42,21 @@ OnChange = Callable[[str, Obj, "Obj | None"], None]  # (event, object, the one i
 class Informer:
     """One kind of object, kept current in `items` by a background thread. `on_change` hears
     each event with the object the cache held before (None: it had none), so a hook can tell
-    what changed."""
+    what changed.
+
+    A watch is asked to end after `watch_timeout` seconds and is read with a timeout a little
+    longer, so a connection that went silent (a half-open socket, a partitioned API server) is
+    noticed and re-established; `last_contact` (monotonic) is the last time the API server
+    answered, which the health endpoint reports."""
 
     def __init__(self, name: str, list_fn: ListFn, on_change: OnChange,
-                 watch_timeout: int = 300) -> None:
+                 watch_timeout: int = 60,
+                 transform: Callable[[Obj], Obj] | None = None,
+                 connect_timeout: float = 5.0, list_timeout: float = 60.0) -> None:
+        """`transform`: applied to every object before it is kept (trims what the scheduler
+        never reads); identity by default."""
         self.name = name
+        self.transform = transform or (lambda obj: obj)
         self.list_fn = list_fn
         self.on_change = on_change
         self.items: dict[str, Obj] = {}
@@ -51,6 +64,10 @@ class Informer:
         self.synced = threading.Event()
         self.stopping = threading.Event()
         self.watch_timeout = watch_timeout
+        self.connect_timeout = connect_timeout
+        self.list_timeout = list_timeout
+        self.last_contact = time.monotonic()
+        self.last_error: str | None = None
         self.thread = threading.Thread(target=self._run, name=f"informer-{name}", daemon=True)
 
     def start(self) -> None:
@@ -69,10 +86,16 @@ class Informer:
         with self.lock:
             return self.items.get(key)
 
+    def silence(self) -> float:
+        """Seconds since the API server last answered this informer."""
+        return time.monotonic() - self.last_contact
+
     def _list(self) -> str:
-        resp = self.list_fn(_preload_content=False)
+        resp = self.list_fn(_preload_content=False,
+                            _request_timeout=(self.connect_timeout, self.list_timeout))
         body = json.loads(resp.data)
-        fresh = {_key(o): o for o in body.get("items") or []}
+        self.last_contact = time.monotonic()
+        fresh = {_key(o): self.transform(o) for o in body.get("items") or []}
         with self.lock:
             before, self.items = self.items, fresh
         for key in set(before) - set(fresh):
@@ -88,11 +111,14 @@ class Informer:
         object into the generated models first, the most CPU the scheduler spends on a busy
         cluster, for objects we only read as JSON."""
         resp = self.list_fn(watch=True, resource_version=rv, timeout_seconds=self.watch_timeout,
-                            allow_watch_bookmarks=True, _preload_content=False)
+                            allow_watch_bookmarks=True, _preload_content=False,
+                            _request_timeout=(self.connect_timeout, self.watch_timeout + 15))
+        self.last_contact = time.monotonic()
         try:
             for line in iter_resp_lines(resp):
                 if self.stopping.is_set():
                     return
+                self.last_contact = time.monotonic()
                 if line:
                     yield json.loads(line)
         finally:
@@ -100,13 +126,16 @@ class Informer:
 
     def _run(self) -> None:
         rv = ""
-        backoff = 0.5
+        failures = 0
         while not self.stopping.is_set():
             try:
                 if not rv:
                     rv = self._list()
                 for event in self._stream(rv):
+                    failures = 0
                     kind, obj = event["type"], event["object"]
+                    if kind not in ("ERROR", "BOOKMARK"):
+                        obj = self.transform(obj)
                     if kind == "ERROR":
                         if obj.get("code") == 410:
                             rv = ""
@@ -122,29 +151,56 @@ class Informer:
                             old = self.items.get(key)
                             self.items[key] = obj
                     self.on_change(kind, obj, old)
-                backoff = 0.5
+                failures = 0
+                self.last_error = None
             except ApiException as e:
                 if e.status == 410:
                     rv = ""
                     continue
                 if self.stopping.is_set():
                     return
-                log.warning("watch %s failed (%s); retrying in %.1fs", self.name, e.status, backoff)
-                time.sleep(backoff)
-                backoff = min(backoff * 2, 10.0)
-            except Exception:  # connection drops: keep the cache alive, re-list
+                failures += 1
+                self._failed(f"{e.status} {e.reason}", failures)
+            except (urllib3.exceptions.HTTPError, OSError) as e:
+                # a timeout or a dropped connection: watch again from where we were (a
+                # re-list of every object is the API server's most expensive request); a
+                # resourceVersion it no longer has gets 410 and a re-list
+                if self.stopping.is_set():
+                    return
+                failures += 1
+                self._failed(f"{type(e).__name__}: {e}", failures)
+            except Exception as e:  # anything else (a malformed line): start over
                 if self.stopping.is_set():
                     return
                 log.exception("watch %s broke; re-listing", self.name)
                 rv = ""
-                time.sleep(backoff)
-                backoff = min(backoff * 2, 10.0)
+                failures += 1
+                self._failed(f"{type(e).__name__}: {e}", failures)
+
+    def _failed(self, error: str, failures: int) -> None:
+        """Wait before the next try: jittered, doubling from 0.25 s to at most 4 s, so a
+        recovered API server is watched again within seconds and restarting schedulers do
+        not all call at once."""
+        self.last_error = error
+        delay = backoff_delay(failures)
+        log.warning("watch %s failed (%s); retrying in %.1fs", self.name, error, delay)
+        self.stopping.wait(delay)
+
+
+def backoff_delay(failures: int, base: float = 0.25, cap: float = 4.0) -> float:
+    """Delay before try number `failures` + 1: doubling from `base` up to `cap`, with full
+    jitter over the upper half (never less than half the step)."""
+    step = min(cap, base * 2 ** max(0, failures - 1))
+    return step / 2 + random.random() * step / 2
 
 
 class ClusterCache:
     """Nodes, pods, PodGroups, Queues and PriorityClasses, and the snapshot built from them."""
 
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(self, api: client.ApiClient, watch_timeout: int = 60,
+                 connect_timeout: float = 5.0) -> None:
+        """`watch_timeout`: seconds each watch lasts before it is opened again (a silent one
+        is noticed that much later); `connect_timeout`: seconds to reach the API server."""
         core = client.CoreV1Api(api)
         custom = client.CustomObjectsApi(api)
         sched = client.SchedulingV1Api(api)
@@ -155,17 +211,23 @@ class ClusterCache:
         self.pods_to_group = threading.Event()
         self.grouping_wakeups = 0
         self._dirty_lock = threading.Lock()
-        self.nodes = Informer("nodes", core.list_node, self._touch)
-        self.pods = Informer("pods", core.list_pod_for_all_namespaces, self._pod_changed)
+        # each kind trimmed to what the scheduler reads (kai_ray.k8s.trim): ~10x less memory
+        self.nodes = Informer("nodes", core.list_node, self._touch, transform=trim.trim_node)
+        self.pods = Informer("pods", core.list_pod_for_all_namespaces, self._pod_changed,
+                             transform=trim.trim_pod)
         self.podgroups = Informer(
             "podgroups", lambda **kw: custom.list_cluster_custom_object(
-                PG_GROUP, PG_VERSION, PG_PLURAL, **kw), self._touch)
+                PG_GROUP, PG_VERSION, PG_PLURAL, **kw), self._touch,
+            transform=trim.trim_podgroup)
         self.queues = Informer(
             "queues", lambda **kw: custom.list_cluster_custom_object(
-                Q_GROUP, Q_VERSION, Q_PLURAL, **kw), self._touch)
-        self.priority_classes = Informer("priorityclasses", sched.list_priority_class, self._touch)
+                Q_GROUP, Q_VERSION, Q_PLURAL, **kw), self._touch, transform=trim.trim_queue)
+        self.priority_classes = Informer("priorityclasses", sched.list_priority_class, self._touch,
+                                         transform=trim.trim_priority_class)
         self.informers = [self.nodes, self.pods, self.podgroups, self.queues,
                           self.priority_classes]
+        for inf in self.informers:
+            inf.watch_timeout, inf.connect_timeout = watch_timeout, connect_timeout
 
     def _touch(self, kind: str, obj: Obj, old: Obj | None) -> None:
         self.changed.set()
@@ -211,52 +273,59 @@ class ClusterCache:
             inf.stop()
 
     # -------------------------------------------------------------------------------- snapshot
-    def priority_classes_map(self) -> tuple[dict[str, int], int | None]:
-        classes: dict[str, int] = {}
-        default = None
-        for pc in self.priority_classes.values():
-            name = pc["metadata"]["name"]
-            classes[name] = int(pc.get("value", 0))
-            if pc.get("globalDefault"):
-                default = classes[name]
-        return classes, default
-
     def snapshot(self) -> tuple[Snapshot, list[convert.Problem], dict[str, Obj]]:
-        """(snapshot, problems found while reading it, PodGroups by job name)."""
+        """(snapshot, problems found while reading it, PodGroups by job name).
+
+        A malformed object is one Problem naming it and the field, never an exception: it is
+        left out of the snapshot, and what it holds on a node (a bound pod of ours that cannot
+        be read, the bound pods of a PodGroup that cannot) is counted as foreign use of that
+        node, so its room is not given away twice."""
         problems: list[convert.Problem] = []
-        pods = self.pods.values()
         by_group: dict[tuple[str, str], list[Obj]] = {}
         foreign: dict[str, list[int]] = {}
-        for pod in pods:
+        for pod in self.pods.values():
             m = pod.get("metadata") or {}
-            spec = pod.get("spec") or {}
             if convert.is_ours(pod):
                 group = (m.get("annotations") or {}).get(convert.POD_GROUP_ANNOTATION)
                 if group:
                     by_group.setdefault((m.get("namespace", ""), group), []).append(pod)
                 continue
-            node = spec.get("nodeName")
-            phase = (pod.get("status") or {}).get("phase")
-            if not node or phase in ("Succeeded", "Failed"):
-                continue
             if m.get("namespace") == convert.RESERVATION_NAMESPACE \
                     and not m.get("deletionTimestamp"):
                 continue  # its device is counted as the shared device it reserves
-            # a terminating one (rolled back, or its last sharer gone) holds its GPU until the
-            # kubelet lets go: counted as foreign use, no group stands for it any more
-            req = convert.pod_request(pod)
-            usage = foreign.setdefault(node, [0, 0, 0, 0])
-            usage[0] += req.cpu_m
-            usage[1] += req.memory
-            usage[2] += req.gpus
-            usage[3] += 1
+            # a terminating reservation pod (rolled back, or its last sharer gone) holds its
+            # GPU until the kubelet lets go: counted as foreign use, no group stands for it
+            bad = convert.sharing_problem(pod)
+            if bad is not None and _holds_node(pod):
+                problems.append(_pod_problem(pod, bad, " (ignored: kai-scheduler does not "
+                                             "place this pod; counted by its resources)"))
+            _count_foreign(foreign, pod, problems)
+        from kai_ray.k8s.suspend import stand_in_pods  # suspend needs this module's names
+
+        classes, default = self._priority_classes(problems)
+        jobs = []
+        podgroups: dict[str, Obj] = {}
+        for pg in self.podgroups.values():
+            m = pg["metadata"]
+            # a gang suspended by preemption (a RayJob) keeps its demand as stand-in pods
+            members = by_group.pop((m.get("namespace", ""), m["name"]), None) \
+                or stand_in_pods(pg)
+            job, left_out = _job_or_problems(pg, members, classes, default, problems)
+            for pod in left_out:  # what they hold on their nodes stays held
+                _count_foreign(foreign, pod, problems)
+            if job is None:
+                continue
+            jobs.append(job)
+            podgroups[m["name"]] = pg
+        for members in by_group.values():  # pods of ours whose PodGroup is missing
+            for pod in members:
+                _count_foreign(foreign, pod, problems)
         nodes: list[Node] = []
         for obj in self.nodes.values():
             try:
-                node = convert.node_from(obj)
-            except (ValueError, KeyError) as e:
-                problems.append(convert.Problem("Node", None, obj["metadata"]["name"],
-                                                "status.allocatable", str(e)))
+                node = convert.node_from(obj, problems)
+            except (ValueError, KeyError, TypeError, ArithmeticError) as e:
+                problems.append(_problem("Node", obj, e, "status.allocatable"))
                 continue
             used = foreign.get(node.name)
             if used:
@@ -266,28 +335,113 @@ class ClusterCache:
             nodes.append(node)
         queues = []
         for obj in self.queues.values():
-            q = convert.queue_from(obj)
+            try:
+                q = convert.queue_from(obj)
+            except (ValueError, KeyError, TypeError, ArithmeticError) as e:
+                q = _problem("Queue", obj, e, "spec")
             if isinstance(q, convert.Problem):
                 problems.append(q)
             else:
                 queues.append(q)
-        from kai_ray.k8s.suspend import stand_in_pods  # suspend needs this module's names
-
-        classes, default = self.priority_classes_map()
-        jobs = []
-        podgroups: dict[str, Obj] = {}
-        for pg in self.podgroups.values():
-            m = pg["metadata"]
-            # a gang suspended by preemption (a RayJob) keeps its demand as stand-in pods
-            members = by_group.get((m.get("namespace", ""), m["name"])) or stand_in_pods(pg)
-            try:
-                jobs.append(convert.job_from(pg, members, classes, default))
-                podgroups[m["name"]] = pg
-            except (ValueError, KeyError, TypeError) as e:
-                problems.append(convert.Problem("PodGroup", m.get("namespace"), m["name"],
-                                                "spec", str(e)))
+        # the core leaves queues on a parent cycle out (and all below them); the Queue says why
+        for name, cycle in queue_cycles(queues).items():
+            problems.append(convert.Problem(
+                "Queue", None, name, "spec.parentQueue",
+                f"on a parent cycle ({' -> '.join((*cycle, cycle[0]))}): this queue and the "
+                "queues under it run nothing until one spec.parentQueue on the cycle changes",
+                uid=str(((self.queues.get(name) or {}).get("metadata") or {}).get("uid")
+                        or "")))
         return Snapshot(tuple(nodes), tuple(queues), tuple(jobs),
                         tuple(classes.items())), problems, podgroups
+
+    def _priority_classes(self, problems: list[convert.Problem]
+                          ) -> tuple[dict[str, int], int | None]:
+        classes: dict[str, int] = {}
+        default = None
+        for pc in self.priority_classes.values():
+            name = pc["metadata"]["name"]
+            value = pc.get("value", 0)
+            if isinstance(value, bool) or not isinstance(value, int):
+                problems.append(convert.Problem("PriorityClass", None, name, "value",
+                                                f"must be an integer, got {value!r}"))
+                continue
+            classes[name] = value
+            if pc.get("globalDefault"):
+                default = value
+        return classes, default
+
+
+_BAD = (ValueError, KeyError, TypeError, ArithmeticError)  # InvalidField is a ValueError
+
+
+def _problem(kind: str, obj: Obj, error: Exception, field: str) -> convert.Problem:
+    """A Problem on `obj` from the error its conversion raised (its field when it names one)."""
+    m = obj.get("metadata") or {}
+    if isinstance(error, convert.InvalidField):
+        field, message = error.field, error.message
+    else:
+        message = f"{type(error).__name__}: {error}" if isinstance(error, KeyError) \
+            else str(error)
+    return convert.Problem(kind, m.get("namespace"), str(m.get("name", "?")), field, message,
+                           uid=str(m.get("uid") or ""))
+
+
+def _pod_problem(pod: Obj, error: convert.InvalidField, note: str = "") -> convert.Problem:
+    m = pod.get("metadata") or {}
+    return convert.Problem("Pod", m.get("namespace"), str(m.get("name", "?")), error.field,
+                           error.message + note, uid=str(m.get("uid") or ""))
+
+
+def _holds_node(pod: Obj) -> bool:
+    return bool((pod.get("spec") or {}).get("nodeName")) and \
+        (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+
+
+def _count_foreign(foreign: dict[str, list[int]], pod: Obj,
+                   problems: list[convert.Problem]) -> None:
+    """Add what `pod` holds on its node (its containers' resources, as the kubelet counts
+    them) to the node's foreign use."""
+    if not _holds_node(pod):
+        return
+    try:
+        req = convert.pod_request(pod, sharing=False)
+    except _BAD as e:  # a quantity the API server should have refused
+        problems.append(_problem("Pod", pod, e, "spec.containers"))
+        return
+    usage = foreign.setdefault(pod["spec"]["nodeName"], [0, 0, 0, 0])
+    usage[0] += req.cpu_m
+    usage[1] += req.memory
+    usage[2] += req.gpus
+    usage[3] += 1
+
+
+def _job_or_problems(pg: Obj, members: list[Obj], classes: dict[str, int],
+                     default: int | None, problems: list[convert.Problem]
+                     ) -> tuple[Job | None, list[Obj]]:
+    """(the job of `pg`, the members left out of it). A member pod that cannot be read is a
+    Problem of its own and left out; a PodGroup that cannot be read is one Problem (no job,
+    every member left out)."""
+    try:
+        return convert.job_from(pg, members, classes, default), []
+    except _BAD as e:
+        error: Exception = e
+    good: list[Obj] = []
+    bad: list[Obj] = []
+    for pod in members:
+        try:
+            convert.pod_from(pod)
+        except _BAD as e:
+            problems.append(_problem("Pod", pod, e, "spec"))
+            bad.append(pod)
+            continue
+        good.append(pod)
+    if bad:
+        try:
+            return convert.job_from(pg, good, classes, default), bad
+        except _BAD as e:
+            error = e
+    problems.append(_problem("PodGroup", pg, error, "spec"))
+    return None, members
 
 
 # what the pod grouper reads from a pod: its owners, and labels and annotations (queue,

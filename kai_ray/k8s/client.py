@@ -7,16 +7,18 @@ import os
 
 from kubernetes import client, config
 
-from kai_ray.k8s.ratelimit import RateLimitedApiClient, bucket
+from kai_ray.k8s.ratelimit import DEFAULT_TIMEOUT, RateLimitedApiClient, bucket
 
 
 def api_client(kubeconfig: str | None = None, pool_size: int = 64, qps: float = -1.0,
-               burst: int = 0) -> client.ApiClient:
+               burst: int = 0, timeout: tuple[float, float] = DEFAULT_TIMEOUT
+               ) -> client.ApiClient:
     """`pool_size` kept connections: more than the threads that use one client at a time
     (binder, grouper and status workers, one per watch), else urllib3 opens and drops extra
     ones, a TLS handshake each;
     `qps`/`burst`: one token bucket for every request of this client (negative QPS: no limit,
-    the default for the tools)."""
+    the default for the tools); `timeout`: (connect, read) seconds of every request that does
+    not name its own."""
     configuration = client.Configuration()
     if kubeconfig is None and os.environ.get("KUBERNETES_SERVICE_HOST") \
             and not os.environ.get("KUBECONFIG"):
@@ -24,4 +26,4 @@ def api_client(kubeconfig: str | None = None, pool_size: int = 64, qps: float = 
     else:
         config.load_kube_config(config_file=kubeconfig, client_configuration=configuration)
     configuration.connection_pool_maxsize = pool_size
-    return RateLimitedApiClient(configuration, bucket(qps, burst))
+    return RateLimitedApiClient(configuration, bucket(qps, burst), timeout)

@@ -55,19 +55,30 @@ class TokenBucket:
         return wait
 
 
+# (connect, read) seconds of a request that names none: without one a half-open connection
+# (a dropped NAT entry, a partitioned API server) blocks its caller for good
+DEFAULT_TIMEOUT = (5.0, 30.0)
+
+
 class RateLimitedApiClient(client.ApiClient):
-    """An ApiClient whose every request first takes a token from `limiter` (None: no limit).
-    All generated APIs, the dynamic client and watches go through `call_api`."""
+    """An ApiClient whose every request first takes a token from `limiter` (None: no limit)
+    and has a timeout: `timeout` (connect, read) seconds unless the call names its own (a
+    watch names a read timeout longer than its server-side timeout). All generated APIs, the
+    dynamic client and watches go through `call_api`."""
 
     def __init__(self, configuration: client.Configuration,
-                 limiter: TokenBucket | None = None) -> None:
+                 limiter: TokenBucket | None = None,
+                 timeout: tuple[float, float] = DEFAULT_TIMEOUT) -> None:
         super().__init__(configuration)
         self.limiter = limiter
+        self.timeout = timeout
 
-    def call_api(self, *args: Any, **kwargs: Any) -> Any:
+    def call_api(self, method: str, url: str, header_params: Any = None, body: Any = None,
+                 post_params: Any = None, _request_timeout: Any = None) -> Any:
         if self.limiter is not None:
             self.limiter.take()
-        return super().call_api(*args, **kwargs)
+        return super().call_api(method, url, header_params, body, post_params,
+                                _request_timeout or self.timeout)
 
 
 def validate(qps: object, burst: object, qps_name: str = "kube-api-qps",

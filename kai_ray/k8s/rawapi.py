@@ -4,6 +4,7 @@ itself. Authentication, the connection pool and the client's rate limit stay the
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
 from typing import Any
@@ -76,4 +77,39 @@ def annotate_quietly(api: client.ApiClient, group: str, version: str, plural: st
             log.warning("%s %s annotations %s not written: %s", kind, m["name"],
                         sorted(annotations), e.status)
         return False
+    except Exception as e:  # a reset or a timeout: as any refusal, logged, never raised
+        log.warning("%s %s annotations %s not written: %s: %s", kind, m["name"],
+                    sorted(annotations), type(e).__name__, e)
+        return False
     return True
+
+
+def request_json(api: client.ApiClient, method: str, path: str, body: Any = None,
+                 content_type: str = "application/json") -> Obj:
+    """As `request`, returning the answer's JSON object ({} when it is not one)."""
+    headers = {"Accept": "application/json"}
+    if body is not None:
+        headers["Content-Type"] = content_type
+    serialized = api.param_serialize(method, path, header_params=headers, body=body,
+                                     auth_settings=["BearerToken"])
+    resp = api.call_api(*serialized)
+    data = resp.read()
+    if not 200 <= resp.status <= 299:
+        raise ApiException.from_response(http_resp=resp, body=data.decode("utf-8", "replace"),
+                                         data=None)
+    try:
+        answer = json.loads(data) if data else {}
+    except ValueError:
+        return {}
+    return answer if isinstance(answer, dict) else {}
+
+
+def create_event_named(api: client.ApiClient, namespace: str, event: Obj) -> str:
+    """Create `event`; the name the API server gave it ("" when the answer names none), so a
+    repeat can update this Event instead of writing another."""
+    answer = request_json(api, "POST", f"/api/v1/namespaces/{namespace}/events", event)
+    return str((answer.get("metadata") or {}).get("name") or "")
+
+
+def patch_event(api: client.ApiClient, namespace: str, name: str, patch: Obj) -> None:
+    request(api, "PATCH", f"/api/v1/namespaces/{namespace}/events/{name}", patch, MERGE_PATCH)

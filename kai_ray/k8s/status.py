@@ -51,6 +51,9 @@ def not_scheduled(core: client.CoreV1Api, pod: Obj, reason: str, message: str) -
         if e.status != 404:
             log.warning("pod %s/%s condition not written: %s", m["namespace"], m["name"],
                         e.status)
+    except Exception as e:  # a reset or a timeout: the next cycle writes it again
+        log.warning("pod %s/%s condition not written: %s: %s", m["namespace"], m["name"],
+                    type(e).__name__, e)
 
 
 class StatusWriter:
@@ -66,13 +69,17 @@ class StatusWriter:
     def pending(self, result: CycleResult, podgroups: dict[str, Obj],
                 pods: dict[str, Obj]) -> None:
         def one(status: JobStatus) -> None:
-            pg = podgroups.get(status.job)
-            for name in status.pending_pods:
-                pod = pods.get(f"{status.namespace}/{name}")
-                if pod is not None:
-                    self._pod_unschedulable(pod, status, pg)
-            if pg is not None:
-                self._podgroup_unschedulable(pg, status)
+            try:
+                pg = podgroups.get(status.job)
+                for name in status.pending_pods:
+                    pod = pods.get(f"{status.namespace}/{name}")
+                    if pod is not None:
+                        self._pod_unschedulable(pod, status, pg)
+                if pg is not None:
+                    self._podgroup_unschedulable(pg, status)
+            except Exception as e:  # one job's status; the next cycle writes it again
+                log.warning("status of %s/%s not written: %s: %s", status.namespace,
+                            status.job, type(e).__name__, e)
 
         list(self.pool.map(one, result.job_status.values()))
 
@@ -126,6 +133,9 @@ class StatusWriter:
         except ApiException as e:
             if e.status != 404:
                 log.warning("PodGroup %s status not written: %s", m["name"], e.status)
+        except Exception as e:  # a reset or a timeout: written again next cycle
+            log.warning("PodGroup %s status not written: %s: %s", m["name"],
+                        type(e).__name__, e)
 
     def clear_scheduled(self, podgroups: Iterable[Obj], pending_jobs: set[str]) -> None:
         """Drop the Unschedulable scheduling condition of groups that have nothing pending."""
@@ -191,3 +201,5 @@ class StatusWriter:
             except ApiException as e:
                 if e.status != 404:
                     log.warning("Queue %s status not written: %s", name, e.status)
+            except Exception as e:  # a reset or a timeout: written again next cycle
+                log.warning("Queue %s status not written: %s: %s", name, type(e).__name__, e)

@@ -162,8 +162,10 @@ def queue_problems(live: Live, rows: list[dict[str, Any]]) -> list[str]:
     for name, obj in sorted(live.queues.items()):
         parent = (obj.get("spec") or {}).get("parentQueue")
         if name not in shown and not any(p.name == name for p in live.problems):
-            out.append(f"Queue {name}: spec.parentQueue: parent '{parent}' does not exist "
-                       "(orphan: its jobs are not scheduled)")
+            why = ("is left out: it is under a queue on a parent cycle" if parent in live.queues
+                   else "does not exist (orphan)")
+            out.append(f"Queue {name}: spec.parentQueue: parent '{parent}' {why}; its jobs "
+                       "are not scheduled")
     return out
 
 
@@ -395,6 +397,9 @@ def explain(live: Live, config: SchedulerConfig, namespace: str, target: str) ->
         changes = [f"create Queue {job.queue!r} (a leaf queue), or point the workload at an "
                    f"existing leaf queue with label kai.scheduler/queue (leaf queues: "
                    f"{', '.join(leaves) or 'none'})"]
+    elif status.reason == "QueueParentCycle":
+        changes = ["change one spec.parentQueue on the cycle the message names, so that the "
+                   "chain of parents ends at a root queue (`kai-ray queues` lists the problem)"]
     elif status.reason == "QueueNotLeaf":
         kids = sorted(q.name for q in before.queues.values() if q.parent == job.queue)
         changes = [f"queue {job.queue!r} has child queues ({', '.join(kids)}); label the "

@@ -118,6 +118,9 @@ def parse_pod_env(env: Mapping[str, str]) -> PodGpuEnv:
         if value is None:
             continue
         if name == RUNAI_NUM_OF_GPUS and value >= 1.0:
+            if not value.is_integer():  # neither a count nor a portion: never guess which
+                raise GpuEnvError(name, env[name], "a whole-GPU count must be an integer, "
+                                                   "a portion must be > 0 and <= 1")
             continue  # a whole-GPU count there, not a portion of one device
         if not 0.0 < value <= 1.0:
             raise GpuEnvError(name, env[name], "a GPU portion must be > 0 and <= 1")

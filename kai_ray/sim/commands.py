@@ -49,7 +49,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     total = 0.0
     docs = []
     for scenario in scenarios:
-        outcome = runner.run(scenario)
+        try:
+            outcome = runner.run(scenario)
+        except ScenarioError as exc:
+            print(f"kai-ray simulate: {args.file}: {exc}", file=sys.stderr)
+            return 2
         total += outcome.schedule_seconds
         if args.output == "json":
             docs.append(as_json(scenario, outcome))

@@ -172,16 +172,29 @@ def _plot(path: str, results: list[dict[str, Any]],
 
 
 def cmd_bench_packing(args: argparse.Namespace) -> int:
-    ddir = str(trace.data_dir(getattr(args, "data_dir", None)))
+    try:
+        ddir = str(trace.data_dir(getattr(args, "data_dir", None)))
+    except FileNotFoundError as e:
+        print(f"kai-ray bench packing: --data-dir: {e}", file=sys.stderr)
+        return 2
     traces = _traces(args.trace)
+    # a missing trace is found now, not as a worker's traceback after the others ran
+    missing = [t for t in traces if not any(
+        (Path(ddir) / f"openb_pod_list_{t}{suffix}").is_file() for suffix in (".csv", ".csv.gz"))]
+    if missing:
+        known = sorted(p.name.removeprefix("openb_pod_list_").split(".")[0]
+                       for p in Path(ddir).glob("openb_pod_list_*.csv*"))
+        print(f"kai-ray bench packing: --trace: no such trace {missing} in {ddir}; known: "
+              f"{', '.join(known)} (or paper)", file=sys.stderr)
+        return 2
     policies = list(args.policy or DEFAULT_POLICIES)
     for p in policies:
         if p not in protocol.SIM_POLICIES:
-            print(f"unknown policy {p!r}; known: {', '.join(protocol.SIM_POLICIES)}",
-                  file=sys.stderr)
+            print(f"kai-ray bench packing: --policy: unknown policy {p!r}; known: "
+                  f"{', '.join(protocol.SIM_POLICIES)}", file=sys.stderr)
             return 2
     if args.seeds < 1:
-        print("--seeds must be >= 1", file=sys.stderr)
+        print("kai-ray bench packing: --seeds: expected an integer >= 1", file=sys.stderr)
         return 2
     seeds = list(range(42, 42 + args.seeds))
     workers = max(1, min(int(getattr(args, "workers", 2) or 2), 2))

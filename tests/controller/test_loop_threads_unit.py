@@ -90,6 +90,7 @@ class _SlowBinder:
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
         self.last_bound: set[str] = set()
+        self.gave_up: dict[str, str] = {}
 
     def apply_binds(self, result: object, *args: object) -> int:
         time.sleep(self.seconds)

@@ -24,14 +24,44 @@ def test_pod_request_sums_containers_and_falls_back_to_limits():
 
 def test_fraction_and_memory_annotations_replace_whole_gpus():
     pod = _pod()
+    del pod["spec"]["containers"][0]["resources"]["limits"]
     pod["metadata"]["annotations"] = {"gpu-fraction": "0.25"}
     r = convert.pod_request(pod)
     assert (r.gpus, r.gpu_fraction_milli) == (0, 250)
     pod["metadata"]["annotations"] = {"gpu-memory": "2000", "gpu-fraction-num-devices": "2"}
     r = convert.pod_request(pod)
     assert (r.gpu_memory_mib, r.fraction_devices, r.gpus) == (2000, 2, 0)
-    pod["metadata"]["annotations"] = {"gpu-fraction": "1.5"}  # KAI ignores it
-    assert convert.pod_request(pod).gpu_fraction_milli == 0
+
+
+def test_sharing_values_the_webhook_refuses_are_errors_naming_the_annotation():
+    """Never "no GPU": a value the webhook refuses is refused however the pod arrived."""
+    bare = _pod()
+    del bare["spec"]["containers"][0]["resources"]["limits"]
+    cases = [({"gpu-fraction": v}, "gpu-fraction") for v in ("1.5", "nan", "inf", "-0.5",
+                                                             "abc", "0", "1", "")]
+    cases += [({"gpu-memory": v}, "gpu-memory") for v in ("-5", "0", "abc", "1.5")]
+    cases += [({"gpu-fraction": "0.5", "gpu-fraction-num-devices": v},
+               "gpu-fraction-num-devices") for v in ("0", "-1", "abc")]
+    cases += [({"gpu-fraction": "0.5", "gpu-memory": "100"}, "gpu-memory")]
+    for annotations, field in cases:
+        pod = {**bare, "metadata": {**bare["metadata"], "annotations": annotations}}
+        try:
+            convert.pod_request(pod)
+        except convert.InvalidField as e:
+            assert e.field == f"metadata.annotations[{field}]", (annotations, e.field)
+            assert repr(annotations[field]) in e.message
+        else:
+            raise AssertionError(f"{annotations} accepted")
+    whole = _pod()  # a whole-GPU limit and a fraction: the webhook refuses both together
+    whole["metadata"]["annotations"] = {"gpu-fraction": "0.25"}
+    try:
+        convert.pod_request(whole)
+    except convert.InvalidField as e:
+        assert e.field == "metadata.annotations[gpu-fraction]"
+    else:
+        raise AssertionError("fraction with a whole GPU accepted")
+    # another scheduler's pod: the kubelet gives it what its resources say
+    assert convert.pod_request(whole, sharing=False).gpus == 2
 
 
 def test_pod_status_mapping_and_bind_intent():

@@ -206,7 +206,7 @@ def test_run_reads_the_config_file_once_and_uses_it(tmp_path: Path, monkeypatch)
     seen: list[RateLimitedApiClient] = []
 
     class NoCluster:
-        def __init__(self, api: RateLimitedApiClient) -> None:
+        def __init__(self, api: RateLimitedApiClient, **timeouts: object) -> None:
             seen.append(api)
 
         def start(self) -> None:

@@ -12,6 +12,7 @@ pub mod model;
 pub mod ordering;
 pub mod placement;
 pub mod pyfmt;
+pub mod queuetree;
 pub mod schedule;
 pub mod state;
 

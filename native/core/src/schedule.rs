@@ -10,6 +10,7 @@ use crate::capacity::QUEUE_DOES_NOT_EXIST;
 use crate::fairshare::{divide, ShareInput};
 use crate::model::{PodStatus, SchedulerConfig, Snapshot};
 use crate::pyfmt::fmt_g;
+use crate::queuetree::QUEUE_PARENT_CYCLE;
 use crate::state::{Amounts, EvictMessage, Session};
 
 pub struct PodOutcome {
@@ -314,7 +315,9 @@ fn job_statuses(sess: &mut Session) -> Vec<JobStatus> {
             continue;
         }
         let mut fit = None;
-        let (reason, message) = if js.queue_id.is_none() {
+        let (reason, message) = if let Some(why) = sess.excluded_queues.get(&js.queue) {
+            (QUEUE_PARENT_CYCLE.to_string(), why.clone())
+        } else if js.queue_id.is_none() {
             (QUEUE_DOES_NOT_EXIST.to_string(), format!("Queue '{}' does not exist", js.queue))
         } else if !sess.is_leaf(js.queue_id) {
             (

@@ -13,6 +13,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use crate::model::{
     Constraints, PodStatus, Request, SchedulerConfig, Snapshot, MIN_NODE_GPU_MEMORY_MIB,
 };
+use crate::queuetree::excluded_queues;
 
 pub const GPU: usize = 2;
 pub const MILLI: i64 = 1000;
@@ -283,6 +284,8 @@ pub struct Session {
     shapes: FxHashMap<(Request, usize), i32>,
     pub queues: Vec<QueueState>,
     pub queue_index: FxHashMap<String, usize>,
+    /// the queues left out for a parent cycle (on one or under one) -> their jobs' message
+    pub excluded_queues: FxHashMap<String, String>,
     /// leaf first, root last
     pub paths: Vec<Vec<usize>>,
     roots: Vec<usize>,
@@ -419,6 +422,7 @@ impl Session {
             shapes: FxHashMap::default(),
             queues: Vec::new(),
             queue_index: FxHashMap::default(),
+            excluded_queues: FxHashMap::default(),
             paths: Vec::new(),
             roots: Vec::new(),
             pending_jobs: Vec::new(),
@@ -558,7 +562,8 @@ impl Session {
 
     fn build_queues(&mut self, snap_queues: Vec<crate::model::Queue>) {
         // as the Python dict has them: a later queue of a name replaces the earlier one, at its
-        // place; then orphans (parent missing) are removed with all their descendants
+        // place; then the queues on a parent cycle, then orphans (parent missing), are removed
+        // with all their descendants
         let mut order: Vec<crate::model::Queue> = Vec::new();
         let mut at: FxHashMap<String, usize> = FxHashMap::default();
         for q in snap_queues {
@@ -569,6 +574,10 @@ impl Session {
                 order.push(q);
             }
         }
+        let links: Vec<(&str, &str)> =
+            order.iter().map(|q| (q.name.as_str(), q.parent.as_deref().unwrap_or(""))).collect();
+        self.excluded_queues = excluded_queues(&links);
+        order.retain(|q| !self.excluded_queues.contains_key(&q.name));
         loop {
             let names: FxHashSet<String> = order.iter().map(|q| q.name.clone()).collect();
             let before = order.len();
@@ -628,10 +637,8 @@ impl Session {
             .map(|i| {
                 let mut walk = vec![i];
                 let mut q = self.queues[i].parent_id;
+                // ends: the queues on parent cycles were removed above
                 while let Some(p) = q {
-                    if walk.len() > n {
-                        break; // a cycle in the tree (the Python would not end)
-                    }
                     walk.push(p);
                     q = self.queues[p].parent_id;
                 }

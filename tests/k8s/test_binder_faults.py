@@ -1,0 +1,125 @@
+"""A bind, resume or eviction that fails is that gang's (or victim's) outcome: never raised
+into the cycle, counted per pod, and after `bind_attempts` failures the pod goes back to
+Pending with a BindFailed condition. API calls are replaced by fakes that fail on purpose."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
+from kai_ray.core.result import Bind, CycleResult
+from kai_ray.k8s import convert
+from kai_ray.k8s.binder import Binder, BinderConfig
+
+
+class _Events:
+    def __init__(self) -> None:
+        self.emitted: list[tuple[str, str, str]] = []
+
+    def emit(self, obj: dict, reason: str, message: str, **_: Any) -> None:
+        self.emitted.append((obj["metadata"]["name"], reason, message))
+
+
+class _Core:
+    def __init__(self, evict_error: Exception | None = None) -> None:
+        self.conditions: list[tuple[str, dict]] = []
+        self.evict_error = evict_error
+
+    def patch_namespaced_pod_status(self, name: str, ns: str, body: dict) -> None:
+        self.conditions.append((name, body["status"]["conditions"][0]))
+
+    def create_namespaced_pod_eviction(self, name: str, ns: str, body: Any) -> None:
+        if self.evict_error is not None:
+            raise self.evict_error
+
+
+class _Binder(Binder):
+    """Binds fail for the pods named in `refuse` with the exception given there."""
+
+    def __init__(self, refuse: dict[str, Exception], attempts: int = 3) -> None:
+        super().__init__(client.ApiClient(client.Configuration()), _Events(),  # type: ignore[arg-type]
+                         BinderConfig(bind_attempts=attempts, workers=1))
+        self.refuse = refuse
+        self.core = _Core()  # type: ignore[assignment]
+        self.bound: list[str] = []
+        self.patches: list[dict] = []
+
+    def _bind(self, pod: dict, node: str) -> None:
+        name = pod["metadata"]["name"]
+        if name in self.refuse:
+            raise self.refuse[name]
+        self.bound.append(name)
+
+    def _patch_pg_annotations(self, pg: dict, annotations: Any) -> None:
+        self.patches.append(dict(annotations))
+
+
+def _pod(name: str) -> dict:
+    return {"metadata": {"name": name, "namespace": "ns", "uid": name}, "spec": {},
+            "status": {"phase": "Pending"}}
+
+
+def _setup(names: list[str]) -> tuple[dict, dict, CycleResult]:
+    pods = {f"ns/{n}": _pod(n) for n in names}
+    pg = {"metadata": {"name": "g", "namespace": "ns", "annotations": {}}}
+    result = CycleResult()
+    result.binds.extend(Bind(job="g", namespace="ns", pod=n, node="n1") for n in names)
+    return pods, {"g": pg}, result
+
+
+def test_a_reset_connection_keeps_the_gang_in_its_intent_and_stops_its_binds() -> None:
+    pods, pgs, result = _setup(["a", "b"])
+    binder = _Binder({"a": ConnectionResetError("reset by peer")})
+    assert binder.apply_binds(result, pgs, pods) == 0  # no exception
+    assert binder.bound == [] and not binder.gave_up
+    intent = convert.bind_intent(pgs["g"])
+    assert set(intent) == {"a", "b"}  # a later cycle's resume() goes on
+
+
+def test_after_the_allowed_tries_the_gang_goes_back_to_pending() -> None:
+    pods, pgs, result = _setup(["a", "b"])
+    refusal = ApiException(status=422, reason="Unprocessable Entity")
+    refusal.body = json.dumps({"message": "bindings of a are not allowed by policy p"})
+    binder = _Binder({"a": refusal}, attempts=3)
+    binder.apply_binds(result, pgs, pods)
+    for _ in range(2):
+        assert not binder.gave_up
+        binder.resume(pgs.values(), pods)  # what the next cycles do
+    assert set(binder.gave_up) == {"ns/a"}
+    assert not convert.bind_intent(pgs["g"]), "the gang's unbound pods leave the intent"
+    assert binder.bound == []
+    (name, condition), = binder.core.conditions  # type: ignore[attr-defined]
+    assert name == "a" and condition["reason"] == "BindFailed"
+    assert "not allowed by policy p" in condition["message"] and "3 times" in condition["message"]
+    assert any(r == "BindFailed" for _, r, _ in binder.events.emitted)  # type: ignore[attr-defined]
+
+
+def test_gone_or_already_bound_pods_are_not_failures() -> None:
+    pods, pgs, result = _setup(["a", "b"])
+    binder = _Binder({"a": ApiException(status=409, reason="Conflict")})
+    assert binder.apply_binds(result, pgs, pods) == 1
+    assert binder.bound == ["b"] and not binder.gave_up and not binder._attempts
+
+
+def test_an_unreadable_intent_entry_is_dropped_not_raised() -> None:
+    pods, pgs, _ = _setup(["a", "b"])
+    pgs["g"]["metadata"]["annotations"][convert.BIND_INTENT_ANNOTATION] = json.dumps(
+        {"a": {"node": "n1"}, "b": "garbage"})
+    binder = _Binder({})
+    assert binder.resume(pgs.values(), pods) == 1
+    assert binder.bound == ["a"]
+    assert not convert.bind_intent(pgs["g"])
+
+
+def test_a_refused_or_failed_eviction_is_reported_on_the_victim() -> None:
+    for error, shown in ((ApiException(status=500, reason="Internal Server Error"), "500"),
+                         (ApiException(status=429, reason="Too Many Requests"), "429"),
+                         (TimeoutError("read timed out"), "TimeoutError")):
+        binder = _Binder({})
+        binder.core = _Core(error)  # type: ignore[assignment]
+        assert binder.evict(_pod("victim"), "preempted", "preempt") is False
+        (name, reason, message), = binder.events.emitted  # type: ignore[attr-defined]
+        assert (name, reason) == ("victim", "EvictionRefused") and shown in message
