@@ -251,3 +251,26 @@ def test_schema_knows_every_gpu_packing_policy() -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())
     enum = schema["properties"]["scheduler"]["properties"]["gpuPacking"]["enum"]
     assert sorted(enum) == sorted(POLICIES)
+
+
+def test_probes_use_the_health_endpoints_and_values_reach_the_config(helm: str,
+                                                                     tmp_path: Path) -> None:
+    docs = render(helm, "health.port=9091", "health.maxInformerSilenceSeconds=200",
+                  "scheduler.clientConnection.watchTimeoutSeconds=90")
+    container = by_kind(docs, "Deployment")["kai-ray-scheduler"]["spec"]["template"]["spec"][
+        "containers"][0]
+    assert "--health-port=9091" in container["args"]
+    assert "--health-addr=0.0.0.0" in container["args"]
+    assert {"name": "health", "containerPort": 9091} in container["ports"]
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "health"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "health"}
+    path = tmp_path / "config.yaml"
+    path.write_text(by_kind(docs, "ConfigMap")["kai-ray-scheduler"]["data"]["config.yaml"])
+    file = config_file.load(str(path))
+    assert file.health().max_informer_silence_s == 200
+    assert file.api_timeouts().watch_s == 90
+    # a silence limit the watch length would always pass is refused by the config file
+    bad = render(helm, "health.maxInformerSilenceSeconds=30")
+    path.write_text(by_kind(bad, "ConfigMap")["kai-ray-scheduler"]["data"]["config.yaml"])
+    with pytest.raises(SystemExit, match="maxInformerSilenceSeconds"):
+        config_file.load(str(path)).health()

@@ -2,7 +2,9 @@
 
 `/healthz` (the liveness probe) is 200 while the scheduler works and 503 once it does not:
 - the scheduling loop: its thread is alive and, while it leads, a cycle completed within
-  `max_cycle_age_s` (a cycle stuck in a call, or every cycle failing, turns it unhealthy);
+  `max_cycle_age_s`, or the cycle running now still gets answers from the API server within
+  that time (a cycle stuck in a call, or every cycle failing, turns it unhealthy; a long one
+  writing thousands of statuses does not);
 - each informer (the watch cache of nodes, pods, PodGroups, Queues, PriorityClasses): its
   thread is alive and the API server answered it within `max_informer_silence_s` (a watch is
   re-opened every `watchTimeoutSeconds`, so a live one is never silent for longer);
@@ -45,6 +47,8 @@ class Health:
     loop_thread: Callable[[], threading.Thread | None]
     threads: Callable[[], Iterable[threading.Thread]] = lambda: ()
     is_leader: Callable[[], bool] | None = None
+    # when the API server last answered the loop's client (monotonic), None if unknown
+    last_answer: Callable[[], float] | None = None
     clock: Callable[[], float] = time.monotonic
     _unhealthy_since: dict[str, float] = field(default_factory=dict)
 
@@ -64,13 +68,24 @@ class Health:
             loop["secondsSinceLastCycle"] = round(idle, 1)
             if started is not None:
                 loop["cycleRunningSeconds"] = round(now - started, 1)
-            if leading and idle > self.config.max_cycle_age_s:
+            answered = now - self.last_answer() if self.last_answer is not None else None
+            if answered is not None:
+                loop["secondsSinceApiAnswer"] = round(answered, 1)
+            limit = self.config.max_cycle_age_s
+            if not leading or idle <= limit:
+                loop["ok"] = True
+            elif started is not None and answered is not None and answered <= limit:
+                # a long cycle (the first one writing the status of 50,000 pending pods) that
+                # the API server keeps answering is working, not wedged
+                loop.update(ok=True, detail=f"a long cycle ({now - started:.0f}s so far) that "
+                            "is still getting answers")
+            else:
                 why = (f"the cycle running now started {now - started:.0f}s ago"
+                       + (f" and the API server last answered {answered:.0f}s ago"
+                          if answered is not None else "")
                        if started is not None else
                        f"no cycle completed in {idle:.0f}s (last error: {self.loop.last_error})")
-                loop.update(ok=False, detail=f"{why}; limit {self.config.max_cycle_age_s:g}s")
-            else:
-                loop["ok"] = True
+                loop.update(ok=False, detail=f"{why}; limit {limit:g}s")
         checks["loop"] = loop
         for inf in self.cache.informers:
             silence = inf.silence()

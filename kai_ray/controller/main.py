@@ -144,7 +144,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     worker.start()
     if getattr(args, "health_port", 0):
         health = Health(_health_config(file), loop, cache, lambda: worker,
-                        threads=lambda: _workers(loop, elector), is_leader=is_leader)
+                        threads=lambda: _workers(loop, elector), is_leader=is_leader,
+                        last_answer=lambda: float(getattr(api, "last_answer", 0.0)))
         health_server = HealthServer(health, args.health_port,
                                      getattr(args, "health_addr", "127.0.0.1"))
         extras.append(health_server)

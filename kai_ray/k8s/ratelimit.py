@@ -72,13 +72,19 @@ class RateLimitedApiClient(client.ApiClient):
         super().__init__(configuration)
         self.limiter = limiter
         self.timeout = timeout
+        # when the API server last answered a request of this client (monotonic): a long
+        # cycle that still gets answers is working, one that gets none is wedged
+        self.last_answer = time.monotonic()
 
     def call_api(self, method: str, url: str, header_params: Any = None, body: Any = None,
                  post_params: Any = None, _request_timeout: Any = None) -> Any:
         if self.limiter is not None:
             self.limiter.take()
-        return super().call_api(method, url, header_params, body, post_params,
-                                _request_timeout or self.timeout)
+        response = super().call_api(method, url, header_params, body, post_params,
+                                    _request_timeout or self.timeout)
+        if "watch=true" not in url:  # a watch opening says nothing of the loop's writes
+            self.last_answer = time.monotonic()
+        return response
 
 
 def validate(qps: object, burst: object, qps_name: str = "kube-api-qps",

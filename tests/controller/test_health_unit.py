@@ -55,6 +55,26 @@ def test_a_wedged_cycle_fails_and_recovers() -> None:
     stop.set()
 
 
+def test_a_long_cycle_that_gets_answers_is_working() -> None:
+    health, loop, informers, clock, stop = _health()
+    answered = [clock.now]
+    health.last_answer = lambda: answered[0]
+    loop.cycle_started = clock.now
+    for _ in range(10):  # ten minutes of status writes the API server keeps answering
+        clock.now += 60
+        answered[0] = clock.now - 1
+        for inf in informers:
+            inf.last_contact = clock.now
+        ok, checks = health.healthz()
+        assert ok and "still getting answers" in checks["loop"]["detail"]
+    clock.now += 31  # then no answer for longer than the limit: wedged
+    for inf in informers:
+        inf.last_contact = clock.now
+    ok, checks = health.healthz()
+    assert not ok and "last answered 32s ago" in checks["loop"]["detail"]
+    stop.set()
+
+
 def test_cycles_that_keep_failing_are_unhealthy() -> None:
     health, loop, _, clock, stop = _health()
     loop.last_error = "ValueError: boom"
