@@ -23,11 +23,11 @@ from typing import Any
 from urllib.parse import urlparse
 
 import pytest
-from kai_ray.testing.faultproxy import FaultProxy, kubeconfig_via
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
 from kai_ray.testing import procs
+from kai_ray.testing.faultproxy import FaultProxy, kubeconfig_via
 from kai_ray.testing.scheduler_process import KaiRayProcess
 from tests.integration.helpers import (
     PG,
