@@ -105,7 +105,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"kai-ray run: {e}", file=sys.stderr)
         return 2
     loop = SchedulerLoop(api, cache, loop_config, grouper=None,
-                         on_cycle=lambda r: metrics.record_cycle(r, r.action_seconds.get("cycle")),
+                         on_cycle=lambda r: (metrics.record_cycle(r, r.action_seconds.get(
+                             "cycle")), metrics.record_events(loop.events.stats())),
                          events_api=events_api)
     # 16: a bare pod costs the grouper two round trips (its PodGroup, its annotation)
     loop.grouper = PodGrouper(api, cache, loop.events, workers=16)

@@ -4,16 +4,20 @@ in bounded memory.
 One Event per (object, reason, message): the scheduler says the same thing about a pending pod
 every cycle, and a repeat is not a new Event. While it repeats, its Event is updated (count + 1,
 a new lastTimestamp) at most once per `repeat_interval` (10 min): a pod pending for an hour
-costs about 6 writes, not 3,600, and its Event never outlives the API server's event TTL (1 h)
-while the condition holds. An update answered 404 (the Event expired or was deleted) writes it
-again. A changed message (same object and reason) is a new Event at once.
+costs about 6 writes, not 3,600. While the queue is more than half full, such updates wait
+(new Events go first) until the Event is 50 min old, so it is still rewritten before the API
+server's event TTL (1 h) while the condition holds. An update answered 404 (the Event expired
+or was deleted) writes it again. A changed message (same object and reason) is a new Event at
+once.
 
 Events are written off the caller's path: `emit` queues the event and returns; a few writer
 threads post the queue in order of arrival; `flush` waits for the queue to drain. The queue
 holds at most `max_queued` events: when it is full, the event being emitted is dropped and
-counted (`dropped`), never waited for; the ones queued keep their place. A dropped event is
-tried again when the caller emits it again after `retry_after` (30 s) (the scheduler does, every
-cycle, while the condition holds).
+counted (`dropped`), never waited for; the ones queued keep their place. A dropped (or failed)
+event is tried again when the caller emits it again (the scheduler does, every cycle, while the
+condition holds) after `retry_after` (30 s), doubling with each miss in a row up to the repeat
+interval: under a sustained overload each waiting event is offered about once an interval, not
+once a cycle.
 
 What the recorder remembers per (object, reason) (message digest, Event name, count) is an LRU
 of at most `max_remembered` keys, and a key not emitted for an hour is forgotten (its Event has
@@ -21,9 +25,10 @@ expired by then): never cleared wholesale, which would write every pending pod's
 
 Counters for health, metrics and benchmarks (read them with `stats()`): `written` (API writes
 that succeeded, creates and updates), `aggregated` (of those, updates of an existing Event),
-`suppressed` (repeats not written: within the interval, or while a write is queued), `dropped`
-(the queue was full), `failed` (writes the API server refused or did not answer), and
-`forgotten` (keys pushed out of a full memory)."""
+`suppressed` (repeats not written: within the interval, while a write is queued, or an update
+put off by a busy queue), `dropped` (the queue was full), `failed` (writes the API server
+refused or did not answer), and `forgotten` (keys pushed out of a full memory). Memory: about
+360 bytes per remembered key (200,000 keys by default: ~70 MiB at most)."""
 
 from __future__ import annotations
 
@@ -48,6 +53,7 @@ Obj = dict[str, Any]
 EVENT_TTL = 3600.0  # the API server's --event-ttl default
 # an Event is written again at least this long before it would expire
 TTL_MARGIN = 600.0
+REFRESH_BY = EVENT_TTL - TTL_MARGIN
 
 
 @dataclass(slots=True)
@@ -58,9 +64,11 @@ class _Seen:
     first: float  # wall-clock time it was first emitted (the Event's firstTimestamp)
     touched: float  # clock time it was last emitted (the LRU order and forgetting)
     due: float = 0.0  # clock time from which a repeat is written again
+    wrote: float = 0.0  # clock time its Event was last written
     name: str | None = None  # of the Event written (None: not written yet)
     count: int = 1  # the Event's count as last queued
     busy: bool = False  # a write of it is queued or in flight
+    misses: int = 0  # writes dropped or failed in a row (the retry backs off)
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +95,7 @@ class EventRecorder:
         self.api = api
         self.max_remembered = max(1, max_remembered)
         self.writers = max(1, writers)
-        self.repeat_interval = min(repeat_interval, EVENT_TTL - TTL_MARGIN)
+        self.repeat_interval = min(repeat_interval, REFRESH_BY)
         self.retry_after = retry_after
         self.clock = clock
         self.queue: queue.Queue[_Write] = queue.Queue(maxsize=max(1, max_queued))
@@ -122,8 +130,10 @@ class EventRecorder:
                 if seen is not None and seen.digest == digest:
                     seen.touched = now
                     self._seen.move_to_end(key)
-                    if seen.busy or now < seen.due:
-                        self.suppressed += 1
+                    if seen.busy or now < seen.due or (
+                            seen.name and now - seen.wrote < REFRESH_BY
+                            and 2 * self.queue.qsize() > self.queue.maxsize):
+                        self.suppressed += 1  # a busy queue: new Events before updates
                         return
                     if seen.name:  # a repeat: the same Event, one more
                         seen.count += 1
@@ -174,7 +184,8 @@ class EventRecorder:
             self._seen.popitem(last=False)
 
     def _not_written(self, key: tuple[str, str] | None, digest: int, name: str | None) -> None:
-        """A write was dropped or failed: the next emit after `retry_after` tries again."""
+        """A write was dropped or failed: an emit after `retry_after` (doubled per miss in a
+        row, at most the repeat interval) tries again."""
         if key is None:
             return
         with self._lock:
@@ -182,7 +193,9 @@ class EventRecorder:
             if seen is None or seen.digest != digest:
                 return  # forgotten, or the message changed meanwhile: that one counts
             seen.busy = False
-            seen.due = self.clock() + self.retry_after
+            backoff = self.retry_after * 2 ** min(seen.misses, 16)
+            seen.due = self.clock() + min(backoff, max(self.retry_after, self.repeat_interval))
+            seen.misses += 1
             if name and seen.name == name:
                 seen.count -= 1  # the Event still has the count before this update
 
@@ -258,3 +271,5 @@ class EventRecorder:
             if seen is not None and seen.digest == w.digest:
                 seen.name = name or None  # an answer without a name: created again later
                 seen.busy = False
+                seen.misses = 0
+                seen.wrote = self.clock()

@@ -284,3 +284,52 @@ def test_the_numbers_reach_the_metrics(api: client.ApiClient) -> None:
                  "kai_ray_events_written_total 1.0", "kai_ray_events_suppressed_total 1.0",
                  "kai_ray_events_dropped_total 0.0"):
         assert line in text.splitlines()
+
+
+def test_misses_in_a_row_back_off_up_to_the_interval(api: client.ApiClient) -> None:
+    """An API server refusing events is offered each one less often: 30 s, 60 s, 120 s, ...
+    at most the repeat interval; a write that succeeds starts over."""
+    clock = Clock()
+    rec = _recorder(api, clock)
+    _Events.status = 500
+    tries = []
+    for second in range(2200):
+        before = len(_writes())
+        rec.emit(_pod(), "Unschedulable", "no room")
+        rec.flush(5)
+        if len(_writes()) > before:
+            tries.append(second)
+        clock.now += 1
+    # gaps 30, 60, 120, 240, 480, then the interval (600)
+    assert tries == [0, 30, 90, 210, 450, 930, 1530, 2130]
+    _Events.status = None
+    clock.now += 600
+    rec.emit(_pod(), "Unschedulable", "no room")
+    rec.flush(5)
+    assert rec.written == 1 and rec._seen[("u0", "Unschedulable")].misses == 0
+
+
+def test_a_busy_queue_puts_new_events_before_updates_until_the_ttl_nears(
+        api: client.ApiClient) -> None:
+    clock = Clock()
+    rec = _recorder(api, clock, max_queued=4)
+    rec.emit(_pod(0), "Unschedulable", "no room")
+    rec.flush(5)
+    _Events.gate.clear()  # the API server stalls: the queue fills
+    try:
+        for i in range(1, 5):
+            rec.emit(_pod(i), "Unschedulable", "no room")
+        deadline = time.monotonic() + 5
+        while rec.queue_length() > 3 and time.monotonic() < deadline:
+            time.sleep(0.01)  # the writer took one
+        assert rec.queue_length() == 3  # more than half full
+        clock.now += 600  # p0's update is due, but new Events go first
+        rec.emit(_pod(0), "Unschedulable", "no room")
+        assert rec.queue_length() == 3 and rec.suppressed == 1
+        clock.now += 2400  # 50 min: updated now whatever the queue holds
+        rec.emit(_pod(0), "Unschedulable", "no room")
+        assert rec.queue_length() == 4
+    finally:
+        _Events.gate.set()
+    assert rec.flush(5)
+    assert _writes()[-1][:2] == ("PATCH", f"{EVENTS}/p0.1")
