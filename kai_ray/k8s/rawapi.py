@@ -23,16 +23,23 @@ def request(api: client.ApiClient, method: str, path: str, body: Any = None,
     a non-2xx answer as the generated client does. The response is always read to its end, so
     the connection goes back to the pool (an unread one is dropped, and the next request pays a
     new TLS handshake)."""
+    _send(api, method, path, body, content_type)
+
+
+def _send(api: client.ApiClient, method: str, path: str, body: Any, content_type: str
+          ) -> bytes:
+    """The request; its answer's body, read to the end (ApiException on a non-2xx answer)."""
     headers = {"Accept": "application/json"}
     if body is not None:
         headers["Content-Type"] = content_type
     serialized = api.param_serialize(method, path, header_params=headers, body=body,
                                      auth_settings=["BearerToken"])
     resp = api.call_api(*serialized)
-    data = resp.read()
+    data: bytes = resp.read()
     if not 200 <= resp.status <= 299:
         raise ApiException.from_response(http_resp=resp, body=data.decode("utf-8", "replace"),
                                          data=None)
+    return data
 
 
 def bind(api: client.ApiClient, namespace: str, name: str, uid: str | None, node: str) -> None:
@@ -87,16 +94,7 @@ def annotate_quietly(api: client.ApiClient, group: str, version: str, plural: st
 def request_json(api: client.ApiClient, method: str, path: str, body: Any = None,
                  content_type: str = "application/json") -> Obj:
     """As `request`, returning the answer's JSON object ({} when it is not one)."""
-    headers = {"Accept": "application/json"}
-    if body is not None:
-        headers["Content-Type"] = content_type
-    serialized = api.param_serialize(method, path, header_params=headers, body=body,
-                                     auth_settings=["BearerToken"])
-    resp = api.call_api(*serialized)
-    data = resp.read()
-    if not 200 <= resp.status <= 299:
-        raise ApiException.from_response(http_resp=resp, body=data.decode("utf-8", "replace"),
-                                         data=None)
+    data = _send(api, method, path, body, content_type)
     try:
         answer = json.loads(data) if data else {}
     except ValueError:
