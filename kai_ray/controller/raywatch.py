@@ -60,7 +60,8 @@ class RayClusterWatch:
                     self._seen(obj, "ADDED")
                 rv = (listing.get("metadata") or {}).get("resourceVersion")
                 for event in watch.Watch().stream(self._list, resource_version=rv,
-                                                  timeout_seconds=self.watch_timeout):
+                                                  timeout_seconds=self.watch_timeout,
+                                                  _request_timeout=(5, self.watch_timeout + 15)):
                     if self.stopping.is_set():
                         return
                     if event["type"] in ("ADDED", "MODIFIED", "DELETED"):

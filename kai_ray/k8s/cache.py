@@ -157,7 +157,10 @@ class Informer:
                     if kind == "ERROR":
                         if obj.get("code") == 410:
                             rv = ""
-                        break
+                            break
+                        # any other error: back off before watching again, never spin
+                        raise ApiException(status=obj.get("code") or 0,
+                                           reason=str(obj.get("message") or "watch ERROR"))
                     rv = (obj.get("metadata") or {}).get("resourceVersion", rv)
                     if kind == "BOOKMARK":
                         continue
@@ -326,8 +329,13 @@ class ClusterCache:
         for pg in self.podgroups.values():
             m = pg["metadata"]
             # a gang suspended by preemption (a RayJob) keeps its demand as stand-in pods
-            members = by_group.pop((m.get("namespace", ""), m["name"]), None) \
-                or stand_in_pods(pg)
+            members = by_group.pop((m.get("namespace", ""), m["name"]), None)
+            if not members:
+                try:
+                    members = stand_in_pods(pg)
+                except _BAD as e:  # a hand-edited demand annotation
+                    problems.append(_problem("PodGroup", pg, e, "metadata.annotations"))
+                    continue
             job, left_out = _job_or_problems(pg, members, classes, default, problems)
             for pod in left_out:  # what they hold on their nodes stays held
                 _count_foreign(foreign, pod, problems)
@@ -389,7 +397,9 @@ class ClusterCache:
         return classes, default
 
 
-_BAD = (ValueError, KeyError, TypeError, ArithmeticError)  # InvalidField is a ValueError
+# anything a malformed object can raise in conversion (a list where a mapping belongs raises
+# AttributeError): one Problem, never a failed snapshot
+_BAD = (ValueError, KeyError, TypeError, ArithmeticError, AttributeError, IndexError)
 
 
 def _problem(kind: str, obj: Obj, error: Exception, field: str) -> convert.Problem:
