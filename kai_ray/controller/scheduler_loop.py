@@ -67,6 +67,7 @@ class SchedulerLoop:
         self.assumed: dict[str, _Assumed] = {}
         # pods whose bind was given up: key -> (not before (monotonic), give-ups so far)
         self.backoff: dict[str, tuple[float, int]] = {}
+        self._backoff_why: dict[str, str] = {}  # key -> the binder's last give-up message
         self._problems: set[str] = set()  # last cycle's, so each is logged once
         self.cycles = 0
         self.failed_cycles = 0
@@ -88,6 +89,7 @@ class SchedulerLoop:
             if pod is None or (pod.get("spec") or {}).get("nodeName") or (
                     now > until + BACKOFF_SECONDS[1]):
                 del self.backoff[key]  # gone, bound meanwhile, or long past: forget it
+                self._backoff_why.pop(key, None)
         for key, a in list(self.assumed.items()):
             pod = pods.get(key)
             seen = pod is not None and (
@@ -105,10 +107,10 @@ class SchedulerLoop:
             new_pods = []
             for p in job.pods:
                 key = f"{p.namespace}/{p.name}"
-                a = self.assumed.get(key)
-                if a is not None and p.status in (PodStatus.PENDING, *ACTIVE_ALLOCATED):
-                    p = dataclasses.replace(p, status=a.status, node=a.node or p.node,
-                                            gpu_groups=a.groups or p.gpu_groups)
+                sent = self.assumed.get(key)
+                if sent is not None and p.status in (PodStatus.PENDING, *ACTIVE_ALLOCATED):
+                    p = dataclasses.replace(p, status=sent.status, node=sent.node or p.node,
+                                            gpu_groups=sent.groups or p.gpu_groups)
                     changed = True
                 elif key in waiting and p.status == PodStatus.PENDING:
                     # backing off after its bind failed for good: not placed, as if gated
@@ -135,6 +137,7 @@ class SchedulerLoop:
         snapshot = self._apply_assumed(snapshot, pods)
         t_snap = time.perf_counter()
         result = schedule(snapshot, self.config.core, time.time(), clock=time.perf_counter)
+        self._explain_backoff(result, snapshot)
         t_core = time.perf_counter()
         self._carry_out(result, snapshot, podgroups, pods, problems)
         self.cycles += 1
@@ -208,9 +211,29 @@ class SchedulerLoop:
         now = time.monotonic()
         for key in gave_up:
             _, count = self.backoff.get(key, (0.0, 0))
-            delay = min(BACKOFF_SECONDS[1], BACKOFF_SECONDS[0] * 2 ** count)
+            delay = backoff_seconds(count + 1)
             self.backoff[key] = (now + delay, count + 1)
+            self._backoff_why[key] = gave_up[key]
             log.info("pod %s: back-off %.0fs before it is scheduled again", key, delay)
+
+    def _explain_backoff(self, result: CycleResult, snapshot: Snapshot) -> None:
+        """A gang waiting on pods that back off after a failed bind says so (the core sees
+        those pods as gated, and would say the gang waits for gated pods)."""
+        now = time.monotonic()
+        for job in snapshot.jobs:
+            status = result.job_status.get(job.name)
+            waiting = [(p.name, self.backoff[k]) for p in job.pods
+                       if (k := f"{p.namespace}/{p.name}") in self.backoff
+                       and now < self.backoff[k][0]]
+            if status is None or not waiting:
+                continue
+            name, (_, count) = max(waiting, key=lambda w: w[1][0])
+            why = self._backoff_why.get(f"{job.namespace}/{name}", "its bind failed")
+            # no countdown in it: an unchanged message is not written again each cycle
+            result.job_status[job.name] = dataclasses.replace(
+                status, reason="BindBackOff",
+                message=f"{len(waiting)} pod(s) of this gang back off for "
+                        f"{backoff_seconds(count):.0f}s after a failed bind ({name}: {why})")
 
     def _report(self, problems: list[Any]) -> None:
         """Each problem as a Warning event on its object (the recorder writes an unchanged
@@ -315,6 +338,11 @@ class SchedulerLoop:
         wake = getattr(self.cache, "pods_to_group", None)
         if wake is not None:
             wake.set()  # the grouper thread waits on it
+
+
+def backoff_seconds(give_ups: int) -> float:
+    """The back-off after a pod's `give_ups`-th given-up bind: doubling, capped."""
+    return float(min(BACKOFF_SECONDS[1], BACKOFF_SECONDS[0] * 2 ** max(0, give_ups - 1)))
 
 
 def convert_intent(pg: Obj) -> bool:

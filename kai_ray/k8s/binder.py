@@ -26,12 +26,14 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import threading
 import time
 from collections.abc import Collection, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+import urllib3
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -67,9 +69,13 @@ class BinderConfig:
     # kai-ray's (operator/reservation.Dockerfile); KAI's resource-reservation image works too
     reservation_image: str = RESERVATION_IMAGE
     reservation_service_account: str = RESERVATION_SERVICE_ACCOUNT
-    # failed tries of one pod's bind (one per cycle) before it goes back to Pending with a
-    # BindFailed condition and a back-off; 404 (gone) and 409 (bound) are not failures
+    # refused binds of one pod (one try per cycle) before it and its gang's unbound pods go
+    # back to Pending with a BindFailed condition and a back-off; 404 (gone) and 409 (bound)
+    # are not failures, and transient faults (resets, timeouts, 429, 5xx) are retried with a
+    # back-off of their own, never given up: giving up would split a half-bound gang
     bind_attempts: int = 5
+    # transient bind faults: seconds before the next try of that pod, doubling to the maximum
+    retry_s: tuple[float, float] = (1.0, 30.0)
 
 
 class ReservationFailed(RuntimeError):
@@ -89,6 +95,7 @@ class Binder:
         self.events = events
         self.config = config or BinderConfig()
         self.bound_total = 0
+        self._count_lock = threading.Lock()  # gangs bind on the pool's threads
         self.reservation_ns_ready = False
         # reservation pod name -> when this binder first created or saw it unreported
         # (monotonic); kept across re-creations of the same name until it reports or fails
@@ -96,9 +103,11 @@ class Binder:
         # what the last call bound: apply_binds (keys) and resume (Binds); the loop assumes them
         self.last_bound: set[str] = set()
         self.resumed: list[Bind] = []
-        # pod key -> failed binds so far; pods given up by the last call -> why (the loop backs
-        # them off before they are scheduled again)
+        # pod key -> refused binds so far; pod key -> (next try (monotonic), transient faults
+        # in a row); pods given up by the last call -> why (the loop backs them off before
+        # they are scheduled again)
         self._attempts: dict[str, int] = {}
+        self._retry_at: dict[str, tuple[float, int]] = {}
         self.gave_up: dict[str, str] = {}
         self._bound_now: list[Bind] = []
         # reservation pods by (node, group), indexed once per call from the pods it was given
@@ -129,18 +138,26 @@ class Binder:
     def resume(self, podgroups: Iterable[Obj], pods: dict[str, Obj]) -> int:
         """Finish binds a previous run (or cycle) recorded but did not complete. A gang that
         fails is that gang's outcome: logged, retried next cycle, never raised."""
-        done = 0
         self._start_call(pods)
-        for pg in podgroups:
-            intent = convert.bind_intent(pg)
-            if not intent:
-                continue
+
+        def one(pg: Obj, intent: dict[str, Any]) -> int:
             try:
-                done += self._resume_gang(pg, intent, pods)
+                return self._resume_gang(pg, intent, pods)
             except Exception:  # one gang's fault must not stop the others
                 log.exception("PodGroup %s: resuming its binds failed", pg["metadata"]["name"])
+                return 0
+
+        gangs = [(pg, intent) for pg in podgroups if (intent := convert.bind_intent(pg))]
+        done = self._each_gang(one, gangs)
         self.resumed = list(self._bound_now)
         return done
+
+    def _each_gang(self, fn: Any, gangs: list[tuple[Any, Any]]) -> int:
+        """`fn(*gang)` for each gang, concurrently on the pool (gangs are independent; each
+        gang's pods are bound in order); the sum of what they bound."""
+        if len(gangs) <= 1 or self.config.workers <= 1:
+            return sum(fn(*g) for g in gangs)
+        return sum(f.result() for f in [self.pool.submit(fn, *g) for g in gangs])
 
     def _resume_gang(self, pg: Obj, intent: dict[str, Any], pods: dict[str, Obj]) -> int:
         ns = pg["metadata"]["namespace"]
@@ -164,8 +181,10 @@ class Binder:
         self._bound_now = []
         self._reservations = None
         self.gave_up = {}
-        for key in [k for k in self._attempts if k not in pods]:
-            del self._attempts[key]  # deleted meanwhile
+        for counters in (self._attempts, self._retry_at):
+            for key in [k for k in counters if k not in pods
+                        or (pods[k].get("spec") or {}).get("nodeName")]:
+                del counters[key]  # deleted or bound meanwhile
 
     # ------------------------------------------------------------------ binds
     def apply_binds(self, result: CycleResult, podgroups: dict[str, Obj],
@@ -207,12 +226,7 @@ class Binder:
                 return 0
             return self._bind_gang(pg, binds, pods, started=stamp)
 
-        # gangs are independent: bind them concurrently (each gang's pods in order)
-        if len(by_job) <= 1 or self.config.workers <= 1:
-            done = sum(one(job, binds) for job, binds in by_job.items())
-        else:
-            futures = [self.pool.submit(one, job, binds) for job, binds in by_job.items()]
-            done = sum(f.result() for f in futures)
+        done = self._each_gang(one, list(by_job.items()))
         self.last_bound = {f"{b.namespace}/{b.pod}" for b in self._bound_now}
         return done
 
@@ -220,18 +234,22 @@ class Binder:
                    intent: bool = True, started: dict[str, str] | None = None) -> int:
         """Bind `binds` in order. A failed bind stops the gang's binds for this call (they
         stay in the intent; a later cycle goes on), so a refusal binds as few of a gang as
-        possible; after `bind_attempts` failures of one pod, it and the gang's other unbound
-        pods leave the intent and go back to Pending."""
+        possible. A transient fault is retried after a back-off for as long as it lasts; after
+        `bind_attempts` refusals of one pod, it and the gang's other unbound pods leave the
+        intent and go back to Pending."""
         finished: list[str] = []
         done = 0
         for i, b in enumerate(binds):
-            pod = pods.get(f"{b.namespace}/{b.pod}")
+            key = f"{b.namespace}/{b.pod}"
+            pod = pods.get(key)
             if pod is None or (pod.get("metadata") or {}).get("deletionTimestamp"):
                 finished.append(b.pod)  # gone: nothing to finish
                 continue
             if (pod.get("spec") or {}).get("nodeName"):
                 finished.append(b.pod)
                 continue
+            if time.monotonic() < self._retry_at.get(key, (0.0, 0))[0]:
+                break  # backing off after a transient fault: the gang waits in its intent
             try:
                 if b.gpu_groups:
                     devices = self._reserved_devices(pod, b, pods)
@@ -243,50 +261,84 @@ class Binder:
                 self._give_up(pod, e)
                 finished.append(b.pod)  # out of the intent: Pending again, room released
                 continue
-            except ApiException as e:
-                if e.status in (404, 409):  # deleted, or bound already
-                    log.info("bind %s/%s -> %s: %s %s", b.namespace, b.pod, b.node, e.status,
-                             e.reason)
+            except Exception as e:
+                if isinstance(e, ApiException) and e.status in (404, 409):
+                    # deleted, or bound already
+                    log.info("bind %s -> %s: %s %s", key, b.node, e.status, e.reason)
                     finished.append(b.pod)
                     continue
-                failure = f"{e.status} {e.reason}: {api_message(e)}"
-            except Exception as e:  # a reset, a timeout, a bad value: this pod's
-                failure = f"{type(e).__name__}: {e}"
-            else:
-                finished.append(b.pod)
-                self._attempts.pop(f"{b.namespace}/{b.pod}", None)
-                done += 1
+                if is_transient(e):
+                    self._retry_later(pod, b, describe_error(e))
+                elif self._bind_refused(pod, b, describe_error(e)):
+                    # given up: the gang's pods not bound yet go back to Pending with it
+                    finished.extend(r.pod for r in binds[i:])
+                    self._gang_given_up(binds[i + 1:], pods, b)
+                break
+            finished.append(b.pod)
+            self._attempts.pop(key, None)
+            self._retry_at.pop(key, None)
+            done += 1
+            with self._count_lock:
                 self.bound_total += 1
                 self._bound_now.append(b)
-                self.events.emit(pod, "Scheduled",
-                                 f"Successfully assigned {b.namespace}/{b.pod} to {b.node}")
-                continue
-            if self._bind_failed(pod, b, failure):
-                # given up: the gang's pods not bound yet go back to Pending with it
-                finished.extend(r.pod for r in binds[i:])
-            break
+            self.events.emit(pod, "Scheduled",
+                             f"Successfully assigned {b.namespace}/{b.pod} to {b.node}")
         if finished and intent:
             self._clear_intent(pg, finished, started if done else {})
         return done
 
-    def _bind_failed(self, pod: Obj, b: Bind, failure: str) -> bool:
-        """Count a failed bind of `pod`; True when it has failed `bind_attempts` times: it gets
-        a BindFailed event and PodScheduled condition, and is listed in `gave_up`."""
+    def _retry_later(self, pod: Obj, b: Bind, failure: str) -> None:
+        """A transient fault (a reset, a timeout, 429, 5xx): the pod keeps its place in the
+        intent and is tried again after a doubling back-off, as long as the fault lasts."""
+        key = f"{b.namespace}/{b.pod}"
+        faults = self._retry_at.get(key, (0.0, 0))[1] + 1
+        first, cap = self.config.retry_s
+        delay = min(cap, first * 2 ** (faults - 1))
+        self._retry_at[key] = (time.monotonic() + delay, faults)
+        log.warning("bind %s -> %s: transient fault %d (%s); tried again in %.0fs", key,
+                    b.node, faults, failure, delay)
+        self.events.emit(pod, "BindRetrying", f"binding to node {b.node} failed for a "
+                         f"reason that may pass ({failure}); the pod keeps its place and is "
+                         "tried again", type_="Warning")
+
+    def _bind_refused(self, pod: Obj, b: Bind, failure: str) -> bool:
+        """Count a refused bind of `pod`; True when it was refused `bind_attempts` times: it
+        gets a BindFailed event and PodScheduled condition, and is listed in `gave_up`."""
         key = f"{b.namespace}/{b.pod}"
         tries = self._attempts.get(key, 0) + 1
         limit = max(1, self.config.bind_attempts)
-        log.warning("bind %s -> %s failed (try %d of %d): %s", key, b.node, tries, limit,
+        log.warning("bind %s -> %s refused (try %d of %d): %s", key, b.node, tries, limit,
                     failure)
         if tries < limit:
             self._attempts[key] = tries
             return False
         self._attempts.pop(key, None)
-        message = (f"binding to node {b.node} failed {tries} times, last: {failure}; the pod "
-                   "is back to Pending and is tried again after a back-off")
-        self.events.emit(pod, "BindFailed", message, type_="Warning")
-        not_scheduled(self.core, pod, "BindFailed", message)
-        self.gave_up[key] = message
+        self._not_bound(pod, f"binding to node {b.node} was refused {tries} times, last: "
+                        f"{failure}; the pod is back to Pending and is tried again after a "
+                        "back-off")
         return True
+
+    def _gang_given_up(self, rest: list[Bind], pods: dict[str, Obj], failed: Bind) -> None:
+        """The gang's unbound pods after `failed` go back to Pending with it, and back off
+        with it: each is told why."""
+        for r in rest:
+            pod = pods.get(f"{r.namespace}/{r.pod}")
+            if pod is None or (pod.get("spec") or {}).get("nodeName"):
+                continue
+            self._attempts.pop(f"{r.namespace}/{r.pod}", None)
+            self._not_bound(pod, f"the bind of {failed.pod}, a pod of the same gang, was "
+                            "refused for good; this pod is back to Pending with it and is "
+                            "tried again after a back-off")
+
+    def _not_bound(self, pod: Obj, message: str) -> None:
+        m = pod["metadata"]
+        self.gave_up[f"{m['namespace']}/{m['name']}"] = message
+        self.events.emit(pod, "BindFailed", message, type_="Warning")
+        try:
+            not_scheduled(self.core, pod, "BindFailed", message)
+        except Exception as e:  # the event says it; the next give-up writes it again
+            log.warning("pod %s/%s: condition not written: %s", m["namespace"], m["name"],
+                        describe_error(e))
 
     def _clear_intent(self, pg: Obj, names: Iterable[str], extra: Mapping[str, str] | None
                       ) -> None:
@@ -495,11 +547,18 @@ class Binder:
         except ApiException as e:
             if e.status != 404:
                 log.warning("reservation pod %s not deleted: %s", failure.pod_name, e.status)
+        except Exception as e:  # the next clean-up deletes it
+            log.warning("reservation pod %s not deleted: %s", failure.pod_name,
+                        describe_error(e))
         m = pod["metadata"]
         message = f"{failure}; the pod goes back to Pending and is scheduled again"
         log.warning("pod %s/%s: %s", m["namespace"], m["name"], message)
         self.events.emit(pod, "GPUReservationFailed", message, type_="Warning")
-        not_scheduled(self.core, pod, "GPUReservationFailed", message)
+        try:
+            not_scheduled(self.core, pod, "GPUReservationFailed", message)
+        except Exception as e:  # the event says it already
+            log.warning("pod %s/%s: condition not written: %s", m["namespace"], m["name"],
+                        describe_error(e))
 
     def _prepare_shared_gpu(self, pod: Obj, b: Bind, devices: list[str]) -> None:
         m = pod["metadata"]
@@ -535,7 +594,9 @@ class Binder:
         in_use: set[str] = set(assumed_groups)
         for pg in podgroups:
             for entry in convert.bind_intent(pg).values():
-                in_use.update(entry.get("gpu_groups") or ())
+                groups = entry.get("gpu_groups") if isinstance(entry, dict) else None
+                if isinstance(groups, list):  # a hand-edited entry counts for nothing
+                    in_use.update(str(g) for g in groups)
         reservations: list[Obj] = []
         for pod in pods:
             m = pod.get("metadata") or {}
@@ -609,10 +670,35 @@ def api_message(e: ApiException) -> str:
     return str(message or body[:300] or e.reason or "")
 
 
+# HTTP statuses of a bind that a retry may get past: too many requests, a server fault, or
+# no answer at all (0: the client raised before a status came back)
+TRANSIENT_STATUSES = frozenset({0, 408, 429, 500, 502, 503, 504})
+# refusals that repeat however often they are tried, even when the API server says 500
+# (a webhook that answered "no")
+_DENIALS = ("denied the request", "ValidatingAdmissionPolicy", "is forbidden")
+
+
+def is_transient(e: BaseException) -> bool:
+    """Whether a failed request may succeed when tried again: a reset, a timeout, 429 or
+    5xx. A refusal (400, 403, 422, a webhook or policy denial) or a bad value is not."""
+    if isinstance(e, ApiException):
+        return e.status in TRANSIENT_STATUSES and not any(
+            d in api_message(e) for d in _DENIALS)
+    return isinstance(e, urllib3.exceptions.HTTPError | OSError | TimeoutError)
+
+
+def describe_error(e: BaseException) -> str:
+    if isinstance(e, ApiException):
+        return f"{e.status} {e.reason}: {api_message(e)}"
+    return f"{type(e).__name__}: {e}"
+
+
 def _intent_bind(job: str, namespace: str, name: str, v: Any) -> Bind | None:
     """A Bind from one bind-intent entry; None when the entry cannot be read."""
     if not isinstance(v, dict) or not isinstance(v.get("node"), str) or not v["node"]:
         return None
+    if not all(isinstance(v.get(k) or [], list) for k in ("gpu_groups", "new_gpu_groups")):
+        return None  # a string would be read as one group per character
     try:
         return Bind(job=job, namespace=namespace, pod=name, node=v["node"],
                     gpu_groups=tuple(str(g) for g in v.get("gpu_groups") or ()),

@@ -127,3 +127,29 @@ def test_bound_pods_stay_assumed_after_a_long_bind_phase(monkeypatch) -> None:
     loop._carry_out(result, Snapshot(nodes=(), queues=(), jobs=()), {}, {}, [])
     assumed = loop.assumed["ns/p"]
     assert assumed.status == PodStatus.BOUND and assumed.until > time.monotonic()
+
+
+def test_a_gang_backing_off_says_so_not_that_it_waits_for_gated_pods() -> None:
+    from kai_ray.core.model import Job, Pod, PodStatus, Request, Snapshot
+    from kai_ray.core.result import CycleResult, JobStatus
+
+    loop = SchedulerLoop(client.ApiClient(client.Configuration()), _Cache(),  # type: ignore[arg-type]
+                         LoopConfig())
+    pods = tuple(Pod(name=n, namespace="ns", request=Request(cpu_m=100),
+                     status=PodStatus.PENDING) for n in ("a", "b"))
+    snapshot = Snapshot(nodes=(), queues=(), jobs=(Job(name="g", namespace="ns", queue="q",
+                                                       priority=0, pods=pods, min_member=2),))
+    loop._back_off({"ns/a": "binding to node n1 was refused 5 times, last: 422 no"})
+    waiting = loop._apply_assumed(snapshot, {f"ns/{p.name}": {"spec": {}} for p in pods})
+    assert [p.status for p in waiting.jobs[0].pods] == [PodStatus.GATED, PodStatus.PENDING]
+    result = CycleResult()
+    result.job_status["g"] = JobStatus("g", "ns", "NotReady", "... 1 are gated", ("b",))
+    loop._explain_backoff(result, waiting)
+    status = result.job_status["g"]
+    assert status.reason == "BindBackOff" and status.pending_pods == ("b",)
+    assert "1 pod(s) of this gang back off for 10s" in status.message
+    assert "a: binding to node n1 was refused 5 times" in status.message
+    loop._back_off({"ns/a": "again"})  # a second give-up doubles it
+    result.job_status["g"] = JobStatus("g", "ns", "NotReady", "", ("b",))
+    loop._explain_backoff(result, waiting)
+    assert "back off for 20s" in result.job_status["g"].message

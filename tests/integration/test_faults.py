@@ -26,6 +26,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from kai_ray.k8s import convert
 from kai_ray.testing import procs
 from kai_ray.testing.faultproxy import FaultProxy, kubeconfig_via
 from kai_ray.testing.scheduler_process import KaiRayProcess
@@ -382,22 +383,33 @@ def test_binding_refused_by_a_policy(faults: Faults, ns: str) -> None:
              node_selector={"kai-ray.io/pool": faults.pool})
 
         def bind_failed() -> Any:
+            messages = {}
             for i in range(2):
                 p = core.read_namespaced_pod(f"refused-{i}", ns)
+                assert not p.spec.node_name, "a pod of the refused gang was bound"
                 for c in p.status.conditions or []:
                     if c.type == "PodScheduled" and c.reason == "BindFailed":
-                        return c.message
-            return None
+                        messages[i] = c.message
+            return messages if len(messages) == 2 else None
 
-        message = wait_for("BindFailed condition", bind_failed, timeout=40, detail=faults.log)
-        assert "not allowed" in message, message
+        # both pods: the refused one and its gang mate, which goes back to Pending with it
+        messages = wait_for("BindFailed conditions", bind_failed, timeout=40, detail=faults.log)
+        assert "not allowed" in messages[0], messages
+        assert "refused-0, a pod of the same gang" in messages[1], messages
+        pg = client.CustomObjectsApi(api).get_namespaced_custom_object(
+            "scheduling.run.ai", "v2alpha2", ns, "podgroups", "refused")
+        assert not convert.bind_intent(pg), "the gang left its bind intent"
         faults.unrelated_gang_binds(ns)
-        # backed off: no new bind attempts for a while (one failure event per try)
-        tries = len([m for i in range(2) for m in _events(core, ns, f"refused-{i}",
-                                                          "BindFailed")])
+
+        # backed off: no new bind tries for a while (the scheduler logs each one)
+        def tries() -> int:
+            assert faults.proc is not None
+            return faults.proc.log_path.read_text().count(f"bind {ns}/refused-0 -> ")
+
+        before = tries()
+        assert before >= 1
         time.sleep(5)
-        assert len([m for i in range(2) for m in _events(core, ns, f"refused-{i}",
-                                                         "BindFailed")]) == tries
+        assert tries() == before, "tried again during its back-off"
         faults.threads_alive()
         assert not faults.unhealthy_since(t0)
     finally:

@@ -1,6 +1,8 @@
 """A bind, resume or eviction that fails is that gang's (or victim's) outcome: never raised
-into the cycle, counted per pod, and after `bind_attempts` failures the pod goes back to
-Pending with a BindFailed condition. API calls are replaced by fakes that fail on purpose."""
+into the cycle. A refusal is counted per pod, and after `bind_attempts` of them the pod and its
+gang's unbound pods go back to Pending with a BindFailed condition; a transient fault keeps the
+gang in its intent, retried after a back-off, however long it lasts. API calls are replaced by
+fakes that fail on purpose."""
 
 from __future__ import annotations
 
@@ -39,16 +41,20 @@ class _Core:
 class _Binder(Binder):
     """Binds fail for the pods named in `refuse` with the exception given there."""
 
-    def __init__(self, refuse: dict[str, Exception], attempts: int = 3) -> None:
+    def __init__(self, refuse: dict[str, Exception], attempts: int = 3,
+                 retry_s: tuple[float, float] = (1.0, 30.0), workers: int = 1) -> None:
         super().__init__(client.ApiClient(client.Configuration()), _Events(),  # type: ignore[arg-type]
-                         BinderConfig(bind_attempts=attempts, workers=1))
+                         BinderConfig(bind_attempts=attempts, workers=workers,
+                                      retry_s=retry_s))
         self.refuse = refuse
         self.core = _Core()  # type: ignore[assignment]
         self.bound: list[str] = []
+        self.tries: list[str] = []
         self.patches: list[dict] = []
 
     def _bind(self, pod: dict, node: str) -> None:
         name = pod["metadata"]["name"]
+        self.tries.append(name)
         if name in self.refuse:
             raise self.refuse[name]
         self.bound.append(name)
@@ -88,13 +94,77 @@ def test_after_the_allowed_tries_the_gang_goes_back_to_pending() -> None:
     for _ in range(2):
         assert not binder.gave_up
         binder.resume(pgs.values(), pods)  # what the next cycles do
-    assert set(binder.gave_up) == {"ns/a"}
+    # both back off: b alone could never make the gang, and must not take its room meanwhile
+    assert set(binder.gave_up) == {"ns/a", "ns/b"}
     assert not convert.bind_intent(pgs["g"]), "the gang's unbound pods leave the intent"
     assert binder.bound == []
-    (name, condition), = binder.core.conditions  # type: ignore[attr-defined]
-    assert name == "a" and condition["reason"] == "BindFailed"
-    assert "not allowed by policy p" in condition["message"] and "3 times" in condition["message"]
+    conditions = dict(binder.core.conditions)  # type: ignore[attr-defined]
+    assert {c["reason"] for c in conditions.values()} == {"BindFailed"}
+    assert "not allowed by policy p" in conditions["a"]["message"]
+    assert "3 times" in conditions["a"]["message"]
+    assert "the bind of a, a pod of the same gang, was refused" in conditions["b"]["message"]
     assert any(r == "BindFailed" for _, r, _ in binder.events.emitted)  # type: ignore[attr-defined]
+
+
+def test_a_refusal_midway_leaves_the_bound_pods_and_returns_the_rest() -> None:
+    pods, pgs, result = _setup(["a", "b", "c"])
+    binder = _Binder({"b": ApiException(status=403, reason="Forbidden")}, attempts=1)
+    assert binder.apply_binds(result, pgs, pods) == 1
+    assert binder.bound == ["a"] and set(binder.gave_up) == {"ns/b", "ns/c"}
+    assert not convert.bind_intent(pgs["g"])
+
+
+def test_transient_faults_are_retried_with_back_off_and_never_given_up() -> None:
+    for fault in (ConnectionResetError("reset by peer"), TimeoutError("read timed out"),
+                  ApiException(status=503, reason="Service Unavailable"),
+                  ApiException(status=429, reason="Too Many Requests"),
+                  ApiException(status=500, reason="Internal Server Error")):
+        pods, pgs, result = _setup(["a", "b"])
+        binder = _Binder({"a": fault}, attempts=2, retry_s=(0.0, 0.0))
+        binder.apply_binds(result, pgs, pods)
+        for _ in range(10):  # far more cycles than bind_attempts
+            binder.resume(pgs.values(), pods)
+        assert not binder.gave_up and set(convert.bind_intent(pgs["g"])) == {"a", "b"}, fault
+        assert binder.tries == ["a"] * 11 and binder.core.conditions == []  # type: ignore[attr-defined]
+        assert any(r == "BindRetrying" for _, r, _ in binder.events.emitted)  # type: ignore[attr-defined]
+        del binder.refuse["a"]  # the fault ends: the gang is bound
+        assert binder.resume(pgs.values(), pods) == 2 and not convert.bind_intent(pgs["g"])
+
+
+def test_a_transient_fault_waits_out_its_back_off() -> None:
+    pods, pgs, result = _setup(["a"])
+    pods["ns/b"] = _pod("b")
+    result.binds.append(Bind(job="g", namespace="ns", pod="b", node="n1"))
+    binder = _Binder({"a": ConnectionResetError("reset")}, retry_s=(60.0, 60.0))
+    binder.apply_binds(result, pgs, pods)
+    binder.resume(pgs.values(), pods)  # the next cycle, well within the minute
+    assert binder.tries == ["a"], "tried again before its back-off ended"
+
+
+def test_a_denial_over_500_is_a_refusal() -> None:
+    denied = ApiException(status=500, reason="Internal Server Error")
+    denied.body = json.dumps({"message": 'admission webhook "x" denied the request: no'})
+    pods, pgs, result = _setup(["a"])
+    result.binds.append(Bind(job="g", namespace="ns", pod="b", node="n1"))
+    pods["ns/b"] = _pod("b")
+    binder = _Binder({"a": denied}, attempts=1)
+    binder.apply_binds(result, pgs, pods)
+    assert set(binder.gave_up) == {"ns/a", "ns/b"}
+
+
+def test_gangs_resume_concurrently_each_on_its_own() -> None:
+    pods: dict = {}
+    pgs: dict = {}
+    for g in range(6):
+        names = [f"p{g}-{i}" for i in range(3)]
+        pods.update({f"ns/{n}": _pod(n) for n in names})
+        pgs[f"g{g}"] = {"metadata": {"name": f"g{g}", "namespace": "ns", "annotations": {
+            convert.BIND_INTENT_ANNOTATION: json.dumps({n: {"node": "n1"} for n in names})}}}
+    binder = _Binder({"p2-1": ApiException(status=422, reason="Invalid")}, attempts=5,
+                     workers=4)
+    assert binder.resume(pgs.values(), pods) == 16
+    assert binder.bound_total == 16 and len(binder.resumed) == 16
+    assert set(convert.bind_intent(pgs["g2"])) == {"p2-1", "p2-2"}
 
 
 def test_gone_or_already_bound_pods_are_not_failures() -> None:
@@ -112,6 +182,17 @@ def test_an_unreadable_intent_entry_is_dropped_not_raised() -> None:
     assert binder.resume(pgs.values(), pods) == 1
     assert binder.bound == ["a"]
     assert not convert.bind_intent(pgs["g"])
+    # a string where a list belongs would be one GPU group per character
+    pgs["g"]["metadata"]["annotations"][convert.BIND_INTENT_ANNOTATION] = json.dumps(
+        {"b": {"node": "n1", "gpu_groups": "g-1"}})
+    binder.resume(pgs.values(), pods)
+    assert binder.bound == ["a"] and not convert.bind_intent(pgs["g"])
+
+
+def test_reservation_clean_up_reads_a_hand_edited_intent_without_raising() -> None:
+    pg = {"metadata": {"name": "g", "namespace": "ns", "annotations": {
+        convert.BIND_INTENT_ANNOTATION: json.dumps({"a": "x", "b": {"gpu_groups": "abc"}})}}}
+    assert _Binder({}).collect_reservations([], [pg]) == 0
 
 
 def test_a_refused_or_failed_eviction_is_reported_on_the_victim() -> None:
