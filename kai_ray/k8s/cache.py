@@ -18,7 +18,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
-from kai_ray.core.model import Job, Node, Snapshot
+from kai_ray.core.model import Job, Node, PodStatus, Snapshot
 from kai_ray.core.queuetree import queue_cycles
 from kai_ray.k8s import convert, trim
 
@@ -97,7 +97,7 @@ class Informer:
         """List every object, in pages of `LIST_PAGE`, each trimmed before the next is read:
         one response of 50,000 pods is ~2.5 GB of Python objects at once, and the allocator
         keeps that much after they are freed (trimming after such a list saves nothing). An
-        expired continue token is a 410, and `_run` lists again."""
+        expired continue token is a 410, and `_run` lists again (backing off if it repeats)."""
         fresh: dict[str, Obj] = {}
         token = None
         while True:
@@ -150,17 +150,13 @@ class Informer:
                 if not rv:
                     rv = self._list()
                 for event in self._stream(rv):
-                    failures = 0
                     kind, obj = event["type"], event["object"]
-                    if kind not in ("ERROR", "BOOKMARK"):
-                        obj = self.transform(obj)
-                    if kind == "ERROR":
-                        if obj.get("code") == 410:
-                            rv = ""
-                            break
-                        # any other error: back off before watching again, never spin
+                    if kind == "ERROR":  # handled below: 410 lists again, others back off
                         raise ApiException(status=obj.get("code") or 0,
                                            reason=str(obj.get("message") or "watch ERROR"))
+                    failures = 0  # the watch makes progress (an ERROR event is none)
+                    if kind != "BOOKMARK":
+                        obj = self.transform(obj)
                     rv = (obj.get("metadata") or {}).get("resourceVersion", rv)
                     if kind == "BOOKMARK":
                         continue
@@ -175,12 +171,17 @@ class Informer:
                 failures = 0
                 self.last_error = None
             except ApiException as e:
-                if e.status == 410:
-                    rv = ""
-                    continue
                 if self.stopping.is_set():
                     return
                 failures += 1
+                if e.status == 410:
+                    # a resourceVersion too old or an expired continue token: list again, at
+                    # once the first time; `failures` is reset only by watch events, so a
+                    # server answering 410 again (to a list, or to the watch after one) is
+                    # backed off, not listed in full in a tight loop
+                    rv = ""
+                    if failures == 1:
+                        continue
                 self._failed(f"{e.status} {e.reason}", failures)
             except (urllib3.exceptions.HTTPError, OSError) as e:
                 # a timeout or a dropped connection: watch again from where we were (a
@@ -298,12 +299,20 @@ class ClusterCache:
         """(snapshot, problems found while reading it, PodGroups by job name).
 
         A malformed object is one Problem naming it and the field, never an exception: it is
-        left out of the snapshot, and what it holds on a node (a bound pod of ours that cannot
-        be read, the bound pods of a PodGroup that cannot) is counted as foreign use of that
-        node, so its room is not given away twice."""
+        left out of the snapshot, and what it holds on a node is counted as foreign use of that
+        node, so its room is not given away twice: a bound pod of ours that cannot be read,
+        the bound pods of a PodGroup that cannot, and a left-out pod its PodGroup's bind intent
+        names but that is not bound yet (on the intent's node, with the shared devices the
+        intent names that no readable pod holds). The binder resumes only the readable
+        PodGroups returned here, so an unreadable PodGroup's intent is held, not bound, until
+        the PodGroup is fixed. A live reservation pod stands for its shared device, which the
+        core counts through its sharers; one whose device no readable pod shares (its sharers
+        left out, or gone) is foreign use too."""
         problems: list[convert.Problem] = []
         by_group: dict[tuple[str, str], list[Obj]] = {}
         foreign: dict[str, list[int]] = {}
+        reservations: list[Obj] = []  # live reservation pods (decided on once jobs are read)
+        intent_devices: set[tuple[str, str]] = set()  # (node, group) left-out intents hold
         for pod in self.pods.values():
             m = pod.get("metadata") or {}
             if convert.is_ours(pod):
@@ -313,7 +322,8 @@ class ClusterCache:
                 continue
             if m.get("namespace") == convert.RESERVATION_NAMESPACE \
                     and not m.get("deletionTimestamp"):
-                continue  # its device is counted as the shared device it reserves
+                reservations.append(pod)
+                continue
             # a terminating reservation pod (rolled back, or its last sharer gone) holds its
             # GPU until the kubelet lets go: counted as foreign use, no group stands for it
             bad = convert.sharing_problem(pod)
@@ -337,8 +347,11 @@ class ClusterCache:
                     problems.append(_problem("PodGroup", pg, e, "metadata.annotations"))
                     continue
             job, left_out = _job_or_problems(pg, members, classes, default, problems)
-            for pod in left_out:  # what they hold on their nodes stays held
-                _count_foreign(foreign, pod, problems)
+            intent = convert.bind_intent(pg) if left_out else {}
+            for pod in left_out:  # what they hold (or their intent holds) on nodes stays held
+                at, groups = _intent_place(pod, intent)
+                _count_foreign(foreign, pod, problems, at)
+                intent_devices.update((at, g) for g in groups if at)
             if job is None:
                 continue
             jobs.append(job)
@@ -346,6 +359,7 @@ class ClusterCache:
         for members in by_group.values():  # pods of ours whose PodGroup is missing
             for pod in members:
                 _count_foreign(foreign, pod, problems)
+        _count_unshared_devices(foreign, jobs, reservations, intent_devices, problems)
         nodes: list[Node] = []
         for obj in self.nodes.values():
             try:
@@ -426,21 +440,71 @@ def _holds_node(pod: Obj) -> bool:
 
 
 def _count_foreign(foreign: dict[str, list[int]], pod: Obj,
-                   problems: list[convert.Problem]) -> None:
-    """Add what `pod` holds on its node (its containers' resources, as the kubelet counts
-    them) to the node's foreign use."""
-    if not _holds_node(pod):
-        return
+                   problems: list[convert.Problem], node: str | None = None) -> None:
+    """Add what `pod` holds on `node` (by default the node it is bound to, if it holds one:
+    its containers' resources, as the kubelet counts them) to the node's foreign use."""
+    if node is None:
+        if not _holds_node(pod):
+            return
+        node = pod["spec"]["nodeName"]
     try:
         req = convert.pod_request(pod, sharing=False)
     except _BAD as e:  # a quantity the API server should have refused
         problems.append(_problem("Pod", pod, e, "spec.containers"))
         return
-    usage = foreign.setdefault(pod["spec"]["nodeName"], [0, 0, 0, 0])
+    usage = foreign.setdefault(node, [0, 0, 0, 0])
     usage[0] += req.cpu_m
     usage[1] += req.memory
     usage[2] += req.gpus
     usage[3] += 1
+
+
+def _intent_place(pod: Obj, intent: dict[str, Any]) -> tuple[str | None, tuple[str, ...]]:
+    """(node, shared-device groups) the bind intent names for `pod` while the pod is not
+    bound yet and may still be (the binder skips a terminating pod); (None, ()) otherwise.
+    Read leniently: an entry hand-edited out of shape holds nothing (the binder drops it)."""
+    m, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    if spec.get("nodeName") or m.get("deletionTimestamp") \
+            or (pod.get("status") or {}).get("phase") in ("Succeeded", "Failed"):
+        return None, ()
+    entry = intent.get(str(m.get("name")))
+    if not isinstance(entry, dict) or not isinstance(entry.get("node"), str) \
+            or not entry["node"]:
+        return None, ()
+    groups = entry.get("gpu_groups")
+    return entry["node"], tuple(g for g in groups if isinstance(g, str) and g) \
+        if isinstance(groups, list) else ()
+
+
+_FINISHED = (PodStatus.SUCCEEDED, PodStatus.FAILED)
+
+
+def _count_unshared_devices(foreign: dict[str, list[int]], jobs: list[Job],
+                            reservations: list[Obj], intent_devices: set[tuple[str, str]],
+                            problems: list[convert.Problem]) -> None:
+    """Count as foreign use the shared devices no readable pod stands for. The core counts a
+    shared device through the gpu groups of the pods sharing it; when all of them are left
+    out (bad pods, an unreadable PodGroup) or gone, the device would look free while its
+    reservation pod holds the whole GPU (the left-out sharers are counted with sharing=False:
+    a fraction is 0 GPUs). So: a live, bound reservation pod whose group no unfinished pod of
+    a readable job names counts by its resources; a device a left-out pod's intent names,
+    with no such reservation pod yet (created at bind time, or collected meanwhile), counts
+    as one GPU on the intent's node. A sharer bound this cycle whose labels the pod watch has
+    not shown yet (its intent already cleared) may make a device counted twice for a cycle:
+    room held, never given away twice."""
+    shared = {g for job in jobs for p in job.pods if p.status not in _FINISHED
+              for g in p.gpu_groups}
+    reserved = set()
+    for pod in reservations:
+        if not _holds_node(pod):
+            continue
+        group = ((pod.get("metadata") or {}).get("labels") or {}).get(convert.GPU_GROUP_LABEL)
+        reserved.add((pod["spec"]["nodeName"], group))
+        if group not in shared:
+            _count_foreign(foreign, pod, problems)
+    for node, group in intent_devices - reserved:
+        if group not in shared:
+            foreign.setdefault(node, [0, 0, 0, 0])[2] += 1
 
 
 def _job_or_problems(pg: Obj, members: list[Obj], classes: dict[str, int],

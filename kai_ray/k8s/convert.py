@@ -481,7 +481,9 @@ def job_from(pg: Obj, pods: Iterable[Obj], classes: Mapping[str, int],
         name=m["name"], namespace=m.get("namespace", "default"),
         queue=queue,
         priority=priority_of(spec.get("priorityClassName"), classes, default_priority),
-        pods=tuple(pod_from(p, intent.get(meta(p)["name"])) for p in pods),
+        # an entry out of shape is no intent here (the binder drops it next cycle)
+        pods=tuple(pod_from(p, e if isinstance(e := intent.get(meta(p)["name"]), dict) else None)
+                   for p in pods),
         min_member=_min_member(spec.get("minMember"), "spec.minMember"),
         created=timestamp(m.get("creationTimestamp")),
         preemptible=_PREEMPTIBILITY[preemptibility],

@@ -1,5 +1,6 @@
 """The watch cache's view of GPU reservation pods: a live one stands for its shared device (its
-GPU is not counted twice); a terminating one still holds its GPU on the node."""
+GPU is not counted twice while a readable pod shares it); a terminating one still holds its GPU
+on the node."""
 
 from __future__ import annotations
 
@@ -20,10 +21,22 @@ def _reservation(name: str, deleting: bool) -> dict:
                 "limits": {convert.GPU: "1"}, "requests": {convert.GPU: "1"}}}]}}
 
 
+def _sharer(group: str) -> dict:
+    """A running pod of PodGroup "pg" with half of the device `group`."""
+    return {"metadata": {"name": f"sharer-{group}", "namespace": "ns", "uid": group,
+                         "labels": {convert.GPU_GROUP_LABEL: group},
+                         "annotations": {"pod-group-name": "pg", "gpu-fraction": "0.5"}},
+            "status": {"phase": "Running"},
+            "spec": {"nodeName": "n0", "schedulerName": convert.SCHEDULER_NAME,
+                     "containers": [{"name": "c"}]}}
+
+
 def _foreign_gpus(*pods: dict) -> int:
     cache = ClusterCache(client.ApiClient(client.Configuration()))
     cache.nodes.items = {"n0": gpu_node_manifest("n0", 0, 2)}
     cache.pods.items = {f"{p['metadata']['namespace']}/{p['metadata']['name']}": p for p in pods}
+    cache.podgroups.items = {"ns/pg": {"metadata": {"name": "pg", "namespace": "ns"},
+                                       "spec": {"queue": "q"}}}
     snapshot, problems, _ = cache.snapshot()
     assert not problems
     (node,) = snapshot.nodes
@@ -31,9 +44,13 @@ def _foreign_gpus(*pods: dict) -> int:
 
 
 def test_a_live_reservation_pod_is_not_foreign_use() -> None:
-    assert _foreign_gpus(_reservation("live", deleting=False)) == 0
+    assert _foreign_gpus(_reservation("live", deleting=False), _sharer("group-live")) == 0
+
+
+def test_a_live_reservation_pod_no_readable_pod_shares_is_foreign_use() -> None:
+    assert _foreign_gpus(_reservation("live", deleting=False)) == 1
 
 
 def test_a_terminating_reservation_pod_still_holds_its_gpu() -> None:
-    assert _foreign_gpus(_reservation("live", deleting=False),
+    assert _foreign_gpus(_reservation("live", deleting=False), _sharer("group-live"),
                          _reservation("going", deleting=True)) == 1

@@ -132,3 +132,16 @@ def test_taints_tolerations_and_required_node_affinity_are_read():
     # no required affinity (only preferred, or none): no constraint, not "no node"
     del spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert convert.pod_from({"metadata": {"name": "p"}, "spec": spec}).node_affinity is None
+
+
+def test_an_intent_entry_out_of_shape_is_no_intent_not_an_unreadable_podgroup() -> None:
+    import json as _json
+
+    pg = {"metadata": {"name": "g", "namespace": "ns", "annotations": {
+        convert.BIND_INTENT_ANNOTATION: _json.dumps({"a": "junk", "b": {"node": "n1"}})}},
+        "spec": {"queue": "q"}}
+    pods = [{"metadata": {"name": n, "namespace": "ns"}, "spec": {"containers": [{"name": "c"}]},
+             "status": {"phase": "Pending"}} for n in ("a", "b")]
+    job = convert.job_from(pg, pods, {}, None)
+    assert [(p.status, p.node) for p in job.pods] == [(PodStatus.PENDING, None),
+                                                      (PodStatus.BINDING, "n1")]
