@@ -1,14 +1,19 @@
 """`/healthz` and `/readyz` of `kai-ray run`, on a port of their own (`--health-port`).
 
-`/healthz` (the liveness probe) is 200 while the scheduler works and 503 once it does not:
+`/healthz` (the liveness probe) is 200 while the scheduler starts or works and 503 once it does
+not:
 - the scheduling loop: its thread is alive and, while it leads, a cycle completed within
-  `max_cycle_age_s`, or the cycle running now still gets answers from the API server within
-  that time (a cycle stuck in a call, or every cycle failing, turns it unhealthy; a long one
-  writing thousands of statuses does not);
+  `max_cycle_age_s`, or the cycle running now still gets answers from the API server to its own
+  requests within that time (a cycle stuck in a call, or every cycle failing, turns it
+  unhealthy; a long one writing thousands of statuses does not);
 - each informer (the watch cache of nodes, pods, PodGroups, Queues, PriorityClasses): its
   thread is alive and the API server answered it within `max_informer_silence_s` (a watch is
   re-opened every `watchTimeoutSeconds`, so a live one is never silent for longer);
 - every other worker thread named (the pod grouper, event writers, the leader elector).
+
+While `starting` names what start-up waits for (the watch cache's first lists of a big cluster
+take up to a minute), the loop and the informers not listed yet count as healthy, so that the
+liveness probe does not kill a scheduler that has not started; start-up has its own time limit.
 
 Leader state is reported, never a failure: a follower is healthy. `/readyz` (the readiness
 probe) is 200 once every informer has listed its objects. Both answer JSON naming each check,
@@ -38,8 +43,10 @@ class HealthConfig:
 @dataclass
 class Health:
     """What the endpoints read. `loop`: a SchedulerLoop (cycle_started, last_progress,
-    last_error); `cache`: a ClusterCache (informers); `threads`: more worker threads, by name,
-    read when asked (pools start their threads lazily); `is_leader`: None without election."""
+    last_error); `cache`: a ClusterCache (informers); `loop_thread`: None until it starts;
+    `threads`: more worker threads, by name, read when asked (pools start their threads
+    lazily); `is_leader`: None without election; `starting`: what start-up waits for (`started()`
+    ends it)."""
 
     config: HealthConfig
     loop: Any
@@ -47,10 +54,18 @@ class Health:
     loop_thread: Callable[[], threading.Thread | None]
     threads: Callable[[], Iterable[threading.Thread]] = lambda: ()
     is_leader: Callable[[], bool] | None = None
-    # when the API server last answered the loop's client (monotonic), None if unknown
+    # when the API server last answered the loop's own client (monotonic), None if unknown
     last_answer: Callable[[], float] | None = None
+    starting: str | None = None
     clock: Callable[[], float] = time.monotonic
     _unhealthy_since: dict[str, float] = field(default_factory=dict)
+    _started_at: float = float("-inf")
+
+    def started(self) -> None:
+        """Start-up is over (the loop's thread runs): the loop's limits count from now, not
+        from its creation or its client's last answer before the cache listed."""
+        self._started_at = self.clock()
+        self.starting = None
 
     def healthz(self) -> tuple[bool, dict[str, Any]]:
         now = self.clock()
@@ -60,15 +75,18 @@ class Health:
         loop: dict[str, Any] = {"leader": leading if self.is_leader is not None else None,
                                 "cycles": self.loop.cycles,
                                 "failedCycles": self.loop.failed_cycles}
-        if thread is None or not thread.is_alive():
+        if self.starting is not None:
+            loop.update(ok=True, detail=f"starting: {self.starting}")
+        elif thread is None or not thread.is_alive():
             loop.update(ok=False, detail="the scheduling loop's thread is not running")
         else:
             started = self.loop.cycle_started
-            idle = now - self.loop.last_progress
+            idle = now - max(self.loop.last_progress, self._started_at)
             loop["secondsSinceLastCycle"] = round(idle, 1)
             if started is not None:
                 loop["cycleRunningSeconds"] = round(now - started, 1)
-            answered = now - self.last_answer() if self.last_answer is not None else None
+            answered = (now - max(self.last_answer(), self._started_at)
+                        if self.last_answer is not None else None)
             if answered is not None:
                 loop["secondsSinceApiAnswer"] = round(answered, 1)
             limit = self.config.max_cycle_age_s
@@ -93,7 +111,9 @@ class Health:
                                      "synced": inf.synced.is_set()}
             if inf.last_error:
                 entry["lastError"] = inf.last_error
-            if not inf.thread.is_alive():
+            if self.starting is not None and not inf.synced.is_set():
+                entry["detail"] = "starting: not listed yet"  # its thread may not run yet
+            elif not inf.thread.is_alive():
                 entry.update(ok=False, detail="its thread is not running")
             elif silence > self.config.max_informer_silence_s:
                 entry.update(ok=False, detail=f"no answer from the API server for "

@@ -19,6 +19,11 @@ Rules (as client-go's ``leaderelection``):
   ``lease_duration + 2 * retry_period`` after the last renewal; after ``stop()`` (release)
   within one ``retry_period``.
 
+Every lease call ends within ``renew_deadline / 2`` and, while leading, by the renew deadline
+(no urllib3 retries: ``retry_period`` is the elector's retry), so a stuck renewal cannot outlive
+the deadline; a renewal counts from when its attempt began, so a late answer cannot stretch
+leadership past a standby's takeover.
+
 Callbacks run in the elector's thread and must return quickly (start work in your own thread):
 a callback that blocks delays renewals. If ``on_started_leading`` raises, the lease is released
 for another candidate (and this one campaigns again after ``retry_period``). ``is_leader()``
@@ -44,7 +49,11 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 
+from kai_ray.k8s.ratelimit import DEFAULT_TIMEOUT, RateLimitedApiClient, TokenBucket
+
 log = logging.getLogger(__name__)
+# the lease client's rate limit: an elector makes at most two calls per retry_period
+LEASE_QPS, LEASE_BURST = 5.0, 10
 
 Callback = Callable[[], None]
 _JITTER = 1.2  # client-go's JitterFactor for retries while not leading
@@ -86,7 +95,15 @@ class LeaderElector:
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.config = config or LeaseConfig()
         self.identity = self.config.identity or default_identity()
-        self._api = client.CoordinationV1Api(api_client)
+        # the lease's own client: the caller's configuration with a token bucket of its own
+        # (as kube-scheduler's election client: a renewal must not queue behind thousands of
+        # status writes), without urllib3's retries (each would repeat a timed-out call with
+        # the whole timeout); a call's timeout is `_call_timeout`, not the client's 30 s read,
+        # which would outlive renew_deadline
+        self._api = client.CoordinationV1Api(RateLimitedApiClient(
+            api_client.configuration, TokenBucket(LEASE_QPS, LEASE_BURST), retries=False))
+        connect, read = getattr(api_client, "timeout", DEFAULT_TIMEOUT)
+        self._max_call = min(connect + read, self.config.renew_deadline / 2)
         self._clock = clock
         self._stop = threading.Event()
         self._release_on_stop = True
@@ -125,11 +142,12 @@ class LeaderElector:
             on_stopped_leading: Callback | None = None) -> None:
         """Campaign, lead, and campaign again after losing the lease, until ``stop()``."""
         while not self._stop.is_set():
+            attempt = self._clock()
             if not self._try_acquire_or_renew():
                 self._stop.wait(self.config.retry_period * random.uniform(1.0, _JITTER))
                 continue
             self._leading = True
-            self._last_renew = self._clock()
+            self._last_renew = attempt
             self.transitions += 1
             log.info("%s: started leading %s/%s", self.identity, self.config.namespace,
                      self.config.name)
@@ -157,8 +175,11 @@ class LeaderElector:
     # -- internals ----------------------------------------------------------------------------
     def _renew_until_lost_or_stopped(self) -> None:
         while not self._stop.wait(self.config.retry_period):
+            # when the attempt began, not when its answer came: the API server wrote the
+            # renewal after that, so a standby's lease_duration starts later than our deadline
+            attempt = self._clock()
             if self._try_acquire_or_renew():
-                self._last_renew = self._clock()
+                self._last_renew = attempt
             elif self._observed is not None and self._observed[0] not in ("", self.identity):
                 log.warning("%s: lease taken by %s", self.identity, self._observed[0])
                 return
@@ -166,6 +187,14 @@ class LeaderElector:
                 log.warning("%s: could not renew the lease for %.1fs", self.identity,
                             self.config.renew_deadline)
                 return
+
+    def _call_timeout(self) -> float:
+        """Seconds one lease call may take, connecting included: `_max_call` (a read and a
+        write fit in renew_deadline), and while leading no later than the renew deadline."""
+        limit = self._max_call
+        if self._leading:
+            limit = min(limit, self._last_renew + self.config.renew_deadline - self._clock())
+        return max(limit, 0.05)  # urllib3 needs a positive timeout; is_leader() is False by now
 
     def _spec(self, acquire_time: str, transitions: int, holder: str | None = None,
               duration: int | None = None) -> dict[str, Any]:
@@ -178,14 +207,16 @@ class LeaderElector:
     def _try_acquire_or_renew(self) -> bool:
         ns, name = self.config.namespace, self.config.name
         try:
-            lease: Any = self._api.read_namespaced_lease(name, ns)
+            lease: Any = self._api.read_namespaced_lease(
+                name, ns, _request_timeout=self._call_timeout())
         except ApiException as e:
             if e.status != 404:
                 log.warning("%s: reading lease %s/%s: HTTP %s", self.identity, ns, name, e.status)
                 return False
             body: Any = {"apiVersion": "coordination.k8s.io/v1", "kind": "Lease",
                          "metadata": {"name": name, "namespace": ns}, "spec": self._spec("", 0)}
-            return self._write(lambda: self._api.create_namespaced_lease(ns, body))
+            return self._write(lambda: self._api.create_namespaced_lease(
+                ns, body, _request_timeout=self._call_timeout()))
         except Exception as e:  # network trouble: just a failed attempt
             log.warning("%s: reading lease %s/%s: %s", self.identity, ns, name, e)
             return False
@@ -206,7 +237,8 @@ class LeaderElector:
                 "metadata": {"name": name, "namespace": ns,
                              "resourceVersion": lease.metadata.resource_version},
                 "spec": self._spec(acquire, transitions)}
-        return self._write(lambda: self._api.replace_namespaced_lease(name, ns, body))
+        return self._write(lambda: self._api.replace_namespaced_lease(
+            name, ns, body, _request_timeout=self._call_timeout()))
 
     def _write(self, call: Callable[[], Any]) -> bool:
         try:
@@ -228,7 +260,8 @@ class LeaderElector:
         """Empty the holder (only if it is still us), so that a standby need not wait."""
         ns, name = self.config.namespace, self.config.name
         try:
-            lease: Any = self._api.read_namespaced_lease(name, ns)
+            lease: Any = self._api.read_namespaced_lease(
+                name, ns, _request_timeout=self._call_timeout())
             if (lease.spec.holder_identity or "") != self.identity:
                 return
             spec = self._spec("", lease.spec.lease_transitions or 0, holder="", duration=1)
@@ -236,7 +269,8 @@ class LeaderElector:
                          "metadata": {"name": name, "namespace": ns,
                                       "resourceVersion": lease.metadata.resource_version},
                          "spec": spec}
-            self._api.replace_namespaced_lease(name, ns, body)
+            self._api.replace_namespaced_lease(name, ns, body,
+                                               _request_timeout=self._call_timeout())
             log.info("%s: released lease %s/%s", self.identity, ns, name)
         except Exception as e:  # the lease then simply expires
             log.warning("%s: releasing lease %s/%s failed: %s", self.identity, ns, name, e)

@@ -10,8 +10,6 @@ import sys
 import threading
 from typing import Any
 
-from kubernetes.client import ApiClient
-
 from kai_ray.controller.health import Health, HealthConfig, HealthServer
 from kai_ray.controller.leader import LeaderElector, LeaseConfig
 from kai_ray.controller.metrics import SchedulerMetrics, start_metrics_server
@@ -22,7 +20,7 @@ from kai_ray.grouping import GroupingConfig
 from kai_ray.k8s import config_file
 from kai_ray.k8s.cache import ClusterCache
 from kai_ray.k8s.client import api_client
-from kai_ray.k8s.ratelimit import validate
+from kai_ray.k8s.ratelimit import RateLimitedApiClient, validate
 
 log = logging.getLogger("kai_ray")
 
@@ -59,7 +57,8 @@ def client_connection(args: argparse.Namespace,
 
 
 def api_clients(args: argparse.Namespace, conn: config_file.ClientConnection | None = None,
-                file: config_file.ConfigFile | None = None) -> tuple[ApiClient, ApiClient]:
+                file: config_file.ConfigFile | None = None
+                ) -> tuple[RateLimitedApiClient, RateLimitedApiClient]:
     """(client for everything, client for events), each with its own token bucket of the same
     QPS and burst, as kube-scheduler builds its clientset and its event clientset, and the
     config file's request timeouts. `conn`, `file`: the rate limit and the parsed --config
@@ -96,22 +95,41 @@ def cmd_run(args: argparse.Namespace) -> int:
     loop_config, conn, file = run_settings(args)
     timeouts = file.api_timeouts()
     api, events_api = api_clients(args, conn, file)
+    # the loop's own client, of the same rate limit: /healthz reads when the API server last
+    # answered the loop, which lease renewals, the grouper and the watches (on `api`) do not
+    loop_api = api.sibling()
     metrics = SchedulerMetrics()
     cache = ClusterCache(api, watch_timeout=max(1, round(timeouts.watch_s)),
                          connect_timeout=timeouts.connect_s)
+    loop = SchedulerLoop(loop_api, cache, loop_config, grouper=None,  # no API call yet
+                         on_cycle=lambda r: (metrics.record_cycle(r, r.action_seconds.get(
+                             "cycle")), metrics.record_events(loop.events.stats())),
+                         events_api=events_api)
+    worker: threading.Thread | None = None
+    elector: LeaderElector | None = None
+    extras: list[Any] = []
+    health: Health | None = None
+    if getattr(args, "health_port", 0):
+        # up before the cache lists (a minute on a big cluster), so that the liveness probe
+        # does not kill the pod meanwhile: /healthz is 200 while starting, /readyz 503
+        health = Health(_health_config(file), loop, cache, lambda: worker,
+                        threads=lambda: _workers(loop, elector),
+                        last_answer=lambda: loop_api.last_answer,
+                        starting="waiting for the watch cache to sync")
+        health_server = HealthServer(health, args.health_port,
+                                     getattr(args, "health_addr", "127.0.0.1"))
+        extras.append(health_server)
+        log.info("health on %s/healthz and /readyz", health_server.url)
     try:
         cache.start()
     except (RuntimeError, TimeoutError) as e:
         print(f"kai-ray run: {e}", file=sys.stderr)
+        for extra in extras:
+            extra.stop()
         return 2
-    loop = SchedulerLoop(api, cache, loop_config, grouper=None,
-                         on_cycle=lambda r: (metrics.record_cycle(r, r.action_seconds.get(
-                             "cycle")), metrics.record_events(loop.events.stats())),
-                         events_api=events_api)
     # 16: a bare pod costs the grouper two round trips (its PodGroup, its annotation)
     loop.grouper = PodGrouper(api, cache, loop.events, workers=16)
     stop = threading.Event()
-    extras: list[Any] = []
 
     def _stop(*_: object) -> None:
         stop.set()
@@ -124,6 +142,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         extras.append(server)
         log.info("metrics on %s", server.url)
     if getattr(args, "webhook", False):
+        if health is not None:
+            health.starting = "waiting for the admission webhook"
         grouping = GroupingConfig(validate_queue=bool(args.validate_queue))
         hook = start_webhook(args.kubeconfig, WebhookConfig(grouping=grouping,
                                                             port=args.webhook_port), api=api)
@@ -131,7 +151,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         extras.append(hook)
         log.info("admission webhook on %s", hook.url)
     is_leader = None
-    elector = None
     if getattr(args, "leader_election", "off") == "on":
         elector = LeaderElector(api, LeaseConfig(name=args.lease_name,
                                                  namespace=args.lease_namespace))
@@ -143,14 +162,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     worker = threading.Thread(target=loop.run, args=(is_leader,), name="scheduler-loop",
                               daemon=True)
     worker.start()
-    if getattr(args, "health_port", 0):
-        health = Health(_health_config(file), loop, cache, lambda: worker,
-                        threads=lambda: _workers(loop, elector), is_leader=is_leader,
-                        last_answer=lambda: float(getattr(api, "last_answer", 0.0)))
-        health_server = HealthServer(health, args.health_port,
-                                     getattr(args, "health_addr", "127.0.0.1"))
-        extras.append(health_server)
-        log.info("health on %s/healthz and /readyz", health_server.url)
+    if health is not None:
+        health.is_leader = is_leader
+        health.started()  # from now on the loop's thread and cycles count
     code = 0
     while not stop.wait(0.5):
         if not worker.is_alive():
@@ -161,6 +175,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         extra.stop()
     loop.events.flush(5.0)  # events still queued (they are written off the bind path)
     cache.stop()
+    # the loop's client takes its tokens from `api`'s bucket: counted there
     for name, c in (("API", api), ("events", events_api)):
         limiter = getattr(c, "limiter", None)
         if limiter is not None:

@@ -12,7 +12,7 @@ from kai_ray.k8s.ratelimit import DEFAULT_TIMEOUT, RateLimitedApiClient, bucket
 
 def api_client(kubeconfig: str | None = None, pool_size: int = 64, qps: float = -1.0,
                burst: int = 0, timeout: tuple[float, float] = DEFAULT_TIMEOUT
-               ) -> client.ApiClient:
+               ) -> RateLimitedApiClient:
     """`pool_size` kept connections: more than the threads that use one client at a time
     (binder, grouper and status workers, one per watch), else urllib3 opens and drops extra
     ones, a TLS handshake each;

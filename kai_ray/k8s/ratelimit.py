@@ -1,7 +1,7 @@
 """Client-side rate limit of API requests, as client-go's (`--kube-api-qps`, `--kube-api-burst`):
 a token bucket that starts full with `burst` tokens and refills at `qps` per second; every
 request takes one token and waits when none is left. One bucket serves every request made
-through one API client (reads, writes, the opening of each watch)."""
+through one API client and its siblings (reads, writes, the opening of each watch)."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from kubernetes import client
+from urllib3.util.retry import Retry
 
 DEFAULT_QPS = 50.0  # kube-scheduler's defaults (KubeSchedulerConfiguration.clientConnection)
 DEFAULT_BURST = 100
@@ -68,13 +69,27 @@ class RateLimitedApiClient(client.ApiClient):
 
     def __init__(self, configuration: client.Configuration,
                  limiter: TokenBucket | None = None,
-                 timeout: tuple[float, float] = DEFAULT_TIMEOUT) -> None:
+                 timeout: tuple[float, float] = DEFAULT_TIMEOUT,
+                 retries: bool | int | None = None) -> None:
+        """`retries`: None for urllib3's default (a failed connection, or a timed-out read of
+        a GET or PUT, is tried 3 more times, each with the whole timeout), False for none."""
         super().__init__(configuration)
         self.limiter = limiter
         self.timeout = timeout
+        if retries is not None:  # this client's pools only: the Configuration is shared
+            self.rest_client.pool_manager.connection_pool_kw["retries"] = Retry.from_int(retries)
         # when the API server last answered a request of this client (monotonic): a long
         # cycle that still gets answers is working, one that gets none is wedged
         self.last_answer = time.monotonic()
+
+    def sibling(self) -> RateLimitedApiClient:
+        """A client of the same configuration, limiter (one rate limit for both) and timeout,
+        with its own connections and its own `last_answer`: the scheduling loop's, so that
+        /healthz hears of answers to the loop's requests, not to lease renewals or watches."""
+        twin = RateLimitedApiClient(self.configuration, self.limiter, self.timeout)
+        twin.default_headers = dict(self.default_headers)
+        twin.cookie = self.cookie
+        return twin
 
     def call_api(self, method: str, url: str, header_params: Any = None, body: Any = None,
                  post_params: Any = None, _request_timeout: Any = None) -> Any:

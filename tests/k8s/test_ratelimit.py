@@ -110,6 +110,24 @@ def test_the_limit_holds_on_real_requests(server: str) -> None:
     assert time.monotonic() - t < limited
 
 
+def test_a_sibling_shares_the_limit_but_hears_only_its_own_answers(server: str) -> None:
+    """The loop's client (a sibling of the one the lease, the grouper and the watches use):
+    /healthz must not take their answers for the loop's."""
+    parent = _client(server, TokenBucket(qps=1000, burst=100))
+    loop = parent.sibling()
+    assert loop is not parent and loop.rest_client is not parent.rest_client
+    assert (loop.configuration, loop.limiter, loop.timeout) == \
+        (parent.configuration, parent.limiter, parent.timeout)
+    quiet = loop.last_answer
+    client.CoreV1Api(parent).read_namespace("x", _preload_content=False)
+    assert loop.last_answer == quiet < parent.last_answer
+    heard = parent.last_answer
+    client.CoreV1Api(loop).read_namespace("x", _preload_content=False)
+    assert loop.last_answer > quiet and parent.last_answer == heard
+    assert parent.limiter is not None and parent.limiter.taken == 2  # one bucket for both
+    assert [p for _, p, _ in _Counting.hits] == ["/api/v1/namespaces/x"] * 2
+
+
 def _kubeconfig(tmp_path: Path, server: str) -> str:
     path = tmp_path / "kubeconfig"
     path.write_text(json.dumps({
