@@ -69,13 +69,14 @@ def _snapshot() -> Snapshot:
               Queue("team-b", parent="root", gpu=ResourceQuota(2, -1, 1), cpu=open_,
                     memory=open_, created=2))
     req = Request(cpu_m=1000, memory=10**9, gpus=2)
-    running = Job("a-run", "team-a", 50, (Pod("a-run-0", req, PodStatus.RUNNING, "n0"),))
-    over_limit = Job("a-big", "team-a", 50, (Pod("a-big-0", req),), created=5)
-    np_over = Job("b-np", "team-b", 100, (Pod("b-np-0", Request(1000, 10**9, gpus=3)),),
+    running = Job("default/a-run", "team-a", 50, (Pod("a-run-0", req, PodStatus.RUNNING, "n0"),))
+    over_limit = Job("default/a-big", "team-a", 50, (Pod("a-big-0", req),), created=5)
+    np_over = Job("default/b-np", "team-b", 100, (Pod("b-np-0", Request(1000, 10**9, gpus=3)),),
                   created=6)
-    too_big = Job("b-huge", "team-b", 50, (Pod("b-huge-0", Request(1000, 10**9, gpus=8)),),
+    too_big = Job("default/b-huge", "team-b", 50, (Pod("b-huge-0", Request(1000, 10**9, gpus=8)),),
                   created=7)
-    lost = Job("lost", "nope", 50, (Pod("lost-0", req),), created=8)
+    lost = Job("default/lost", "nope", 50, (Pod("lost-0", req),), created=8)
+    # job names are job keys (`namespace/name`), as the watch cache builds them
     return Snapshot(nodes, queues, (running, over_limit, np_over, too_big, lost))
 
 
@@ -115,7 +116,7 @@ def test_explain_names_the_cause_with_numbers(job: str, reason: str, needle: str
 
 
 def test_a_bare_name_falls_back_to_the_podgroup() -> None:
-    live = Live(_snapshot(), [], {"a-big": {"metadata": {"name": "a-big"}}}, {}, {}, 100.0)
+    live = Live(_snapshot(), [], {"default/a-big": {"metadata": {"name": "a-big"}}}, {}, {}, 100.0)
     assert explain(live, config_of_default(), "default", "a-big")["reason"] == "OverLimit"
     missing = explain(live, config_of_default(), "default", "nothing")
     assert missing["found"] is False and "pod default/nothing not found" in missing["summary"]

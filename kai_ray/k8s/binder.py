@@ -163,7 +163,7 @@ class Binder:
         ns = pg["metadata"]["namespace"]
         binds, unreadable = [], []
         for name, v in intent.items():
-            b = _intent_bind(pg["metadata"]["name"], ns, name, v)
+            b = _intent_bind(convert.job_key(ns, pg["metadata"]["name"]), ns, name, v)
             if b is None:
                 unreadable.append(name)
             else:

@@ -296,7 +296,7 @@ class ClusterCache:
 
     # -------------------------------------------------------------------------------- snapshot
     def snapshot(self) -> tuple[Snapshot, list[convert.Problem], dict[str, Obj]]:
-        """(snapshot, problems found while reading it, PodGroups by job name).
+        """(snapshot, problems found while reading it, PodGroups by job key (`ns/name`)).
 
         A malformed object is one Problem naming it and the field, never an exception: it is
         left out of the snapshot, and what it holds on a node is counted as foreign use of that
@@ -355,7 +355,7 @@ class ClusterCache:
             if job is None:
                 continue
             jobs.append(job)
-            podgroups[m["name"]] = pg
+            podgroups[job.name] = pg  # by job key: namespace and name
         for members in by_group.values():  # pods of ours whose PodGroup is missing
             for pod in members:
                 _count_foreign(foreign, pod, problems)

@@ -450,6 +450,12 @@ def _replica_hosts(raw: str | None) -> dict[str, int]:
     return {str(k): v for k, v in _json_object(raw).items() if isinstance(v, int) and v >= 1}
 
 
+def job_key(namespace: str, name: str) -> str:
+    """A job's identity in the core, results and the loop: namespace and PodGroup name
+    (two namespaces may each hold a PodGroup of the same name)."""
+    return f"{namespace}/{name}"
+
+
 def job_from(pg: Obj, pods: Iterable[Obj], classes: Mapping[str, int],
              default_priority: int | None) -> Job:
     m = meta(pg)
@@ -477,8 +483,9 @@ def job_from(pg: Obj, pods: Iterable[Obj], classes: Mapping[str, int],
             raise InvalidField(f"{where}.name", f"{name!r} is named twice")
         subgroups.append(SubGroup(name, _min_member(sg.get("minMember"), f"{where}.minMember"),
                                   replica_size=replica_hosts.get(name, 1)))
+    namespace = m.get("namespace", "default")
     return Job(
-        name=m["name"], namespace=m.get("namespace", "default"),
+        name=job_key(namespace, m["name"]), namespace=namespace,
         queue=queue,
         priority=priority_of(spec.get("priorityClassName"), classes, default_priority),
         # an entry out of shape is no intent here (the binder drops it next cycle)

@@ -138,9 +138,11 @@ class StatusWriter:
                         type(e).__name__, e)
 
     def clear_scheduled(self, podgroups: Iterable[Obj], pending_jobs: set[str]) -> None:
-        """Drop the Unschedulable scheduling condition of groups that have nothing pending."""
+        """Drop the Unschedulable scheduling condition of groups that have nothing pending
+        (`pending_jobs`: job keys, `ns/name`)."""
         for pg in podgroups:
-            if pg["metadata"]["name"] in pending_jobs:
+            m = pg["metadata"]
+            if convert.job_key(m.get("namespace", "default"), m["name"]) in pending_jobs:
                 continue
             if (pg.get("status") or {}).get("schedulingConditions"):
                 self._patch_pg_status(pg, {"schedulingConditions": None})

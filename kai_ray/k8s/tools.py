@@ -53,7 +53,7 @@ class Live:
 
     snapshot: Snapshot
     problems: list[convert.Problem]
-    podgroups: dict[str, Obj]  # by job (PodGroup) name
+    podgroups: dict[str, Obj]  # by job key (`namespace/name`)
     pods: dict[str, Obj]  # by namespace/name
     queues: dict[str, Obj]  # by name
     taken: float  # wall-clock time of the read
@@ -318,7 +318,8 @@ def explain(live: Live, config: SchedulerConfig, namespace: str, target: str) ->
     kind, _, name = target.rpartition("/")
     if not kind:  # a bare name: the pod, else the PodGroup of that name
         pod_exists = f"{namespace}/{name}" in live.pods
-        kind = "pod" if pod_exists or name not in live.podgroups else "podgroup"
+        kind = "pod" if pod_exists or convert.job_key(namespace, name) not in live.podgroups \
+            else "podgroup"
     kind = kind.lower()
     if kind not in ("pod", "pods", "po", "podgroup", "podgroups", "pg"):
         raise SystemExit(f"kai-ray explain: {target!r}: expected POD, pod/NAME or podgroup/NAME")
@@ -350,9 +351,9 @@ def explain(live: Live, config: SchedulerConfig, namespace: str, target: str) ->
             return out
     else:
         group = name
-    job = next((j for j in live.snapshot.jobs if j.name == group and j.namespace == namespace),
-               None)
-    pg = live.podgroups.get(group or "")
+    key = convert.job_key(namespace, group or "")
+    job = next((j for j in live.snapshot.jobs if j.name == key), None)
+    pg = live.podgroups.get(key)
     if job is None:
         bad = [str(p) for p in live.problems if p.kind == "PodGroup" and p.name == group]
         out.update(found=pod is not None, summary=(

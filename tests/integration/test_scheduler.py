@@ -244,3 +244,51 @@ def test_two_processes_exactly_one_schedules_and_hands_over(cluster, namespace, 
         second.stop()
         kai_scheduler.start()  # later tests keep a scheduler
         kai_scheduler.wait_ready()
+
+
+def test_same_named_podgroups_in_two_namespaces_each_schedule(cluster, namespace,
+                                                              kai_scheduler):
+    """A job is its namespace and name: two PodGroups named alike in two namespaces are two
+    gangs that both bind, and each one's status lands on its own PodGroup."""
+    api = cluster.api_client()
+    core = client.CoreV1Api(api)
+    custom = client.CustomObjectsApi(api)
+    other = f"{namespace[:50]}-b"
+    core.create_namespace({"metadata": {"name": other, "labels": {"kai-ray.io/test": "true"}}})
+    cluster.wait_service_account(other)
+    pool, _ = pool_nodes(api, 1, gpus=4)
+    qname = f"same-{namespace[-5:]}"
+    created = create_queues(api, queue(qname))
+    where = {"kai-ray.io/pool": pool}
+    both = (namespace, other)
+
+    def conditions(ns: str, name: str) -> list:
+        pg = custom.get_namespaced_custom_object("scheduling.run.ai", "v2alpha2", ns,
+                                                 "podgroups", name)
+        return (pg.get("status") or {}).get("schedulingConditions") or []
+
+    def bound(ns: str, names: list[str]) -> bool:
+        return all(pod_phase(core, ns, n)[1] for n in names)
+
+    try:
+        small = {ns: gang(api, ns, "same", qname, size=2, gpus=1, node_selector=where)
+                 for ns in both}
+        wait_for("both gangs named 'same' bound (4 of 4 GPUs)", lambda: all(
+            bound(ns, small[ns]) for ns in both), timeout=30, detail=kai_scheduler.log_tail)
+        big = {ns: gang(api, ns, "big", qname, size=1, gpus=3, node_selector=where)
+               for ns in both}
+        wait_for("each gang named 'big' has its own Unschedulable condition", lambda: all(
+            conditions(ns, "big") for ns in both), timeout=30, detail=kai_scheduler.log_tail)
+        for ns in both:  # room for one of them
+            for n in small[ns]:
+                core.delete_namespaced_pod(n, ns, grace_period_seconds=0)
+        wait_for("one 'big' gang bound", lambda: any(bound(ns, big[ns]) for ns in both),
+                 timeout=60, detail=kai_scheduler.log_tail)
+        won, lost = both if bound(namespace, big[namespace]) else both[::-1]
+        wait_for("the bound one's condition cleared", lambda: not conditions(won, "big"),
+                 timeout=30, detail=kai_scheduler.log_tail)
+        assert conditions(lost, "big"), "the waiting one's condition was cleared with it"
+        assert not bound(lost, big[lost])
+    finally:
+        delete_queues(api, created)
+        core.delete_namespace(other)

@@ -75,7 +75,7 @@ def test_bad_annotations_are_problems_naming_the_field_and_the_rest_schedules() 
     assert by_name["ours-bad"].field == "metadata.annotations[gpu-fraction]"
     assert "'1.5'" in by_name["ours-bad"].message and by_name["ours-bad"].uid == "uid-ours-bad"
     assert by_name["ours-bad-running"].field == "metadata.annotations[gpu-memory]"
-    jobs = {j.name: j for j in snapshot.jobs}
+    jobs = {j.name.split("/")[-1]: j for j in snapshot.jobs}  # keyed by ns/name
     assert [p.name for p in jobs["good"].pods] == ["good"]
     assert jobs["bad"].pods == ()  # the bad pod is left out: its gang waits, never "no GPU"
     nodes = {n.name: n for n in snapshot.nodes}
