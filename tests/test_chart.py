@@ -140,6 +140,26 @@ def test_webhook_configurations_name_the_service_and_trust_the_secret_ca(helm: s
         assert hook["failurePolicy"] == "Fail"
 
 
+def test_validation_sees_updates_except_the_schedulers_own(helm: str) -> None:
+    docs = render(helm, namespace="sched")
+    (validating,) = by_kind(docs, "ValidatingWebhookConfiguration").values()
+    (mutating,) = by_kind(docs, "MutatingWebhookConfiguration").values()
+    (hook,) = validating["webhooks"]
+    assert hook["rules"][0]["operations"] == ["CREATE", "UPDATE"]
+    from kai_ray.controller.webhook import UPDATE_CHANGES_ANNOTATIONS
+
+    # the same condition as `kai-ray run --webhook` registers
+    assert hook["matchConditions"][1] == {"name": "annotations-changed",
+                                          "expression": UPDATE_CHANGES_ANNOTATIONS}
+    assert hook["matchConditions"][2] == {
+        "name": "not-an-exempt-update",
+        "expression": "request.operation != 'UPDATE' || !(request.userInfo.username in "
+                      "['system:serviceaccount:sched:kai-ray-scheduler'])"}
+    assert "kai-ray-scheduler" in by_kind(docs, "ServiceAccount")
+    assert mutating["webhooks"][0]["rules"][0]["operations"] == ["CREATE"]
+    assert len(mutating["webhooks"][0]["matchConditions"]) == 1
+
+
 def test_cert_manager_mode_uses_ca_injection(helm: str) -> None:
     docs = render(helm, "webhook.certificate.source=cert-manager")
     assert "kai-ray-webhook" in by_kind(docs, "Certificate")

@@ -8,10 +8,15 @@
 What runs (kopf embedded with ``kopf.operator()`` in a thread with its own event loop, standalone,
 with a private registry so it never mixes with other kopf handlers of the process):
 
-- ``validate-pod`` (``kopf.on.validate``, CREATE): ``admission.validate_pod`` with the Queue tree
-  and namespace labels from two list/watch caches; a denial carries the rule's message
-  (``gpu-fraction annotation value must be ...``, ``queue 'x' does not exist``, ...).
-- ``mutate-pod`` (``kopf.on.mutate``, CREATE): ``admission.mutate_pod``'s JSON patch (env
+- ``validate-pod`` (``kopf.on.validate``, CREATE and UPDATE): on CREATE
+  ``admission.validate_pod`` with the Queue tree and namespace labels from two list/watch caches;
+  on UPDATE ``admission.validate_pod_update`` (a scheduler-owned annotation set or changed, or a
+  changed GPU-sharing annotation that breaks the rules). A denial carries the rule's message
+  (``gpu-fraction annotation value must be ...``, ``queue 'x' does not exist``, ``annotation
+  kai-ray.io/bind-intent is written only by the scheduler ...``). UPDATEs by the users in
+  ``WebhookConfig.exempt_updaters`` (the scheduler's own identity) never reach the webhook (a
+  match condition), so the scheduler's pod patches never wait on it.
+- ``mutate-pod`` (``kopf.on.mutate``, CREATE only): ``admission.mutate_pod``'s JSON patch (env
   ``valueFrom.configMapKeyRef`` to the pod's GPU ConfigMap) for fractional / gpu-memory pods.
   Pods whose GPU request is invalid are left alone here; the validator rejects them.
 
@@ -22,6 +27,10 @@ server subclass below writes a Validating- and a MutatingWebhookConfiguration ea
 server yields its client config (URL + CA bundle), with a CEL match condition on
 ``spec.schedulerName``: only our scheduler's pods ever reach the webhook, so other pods are
 never affected by it being down, while our pods fail closed (no unvalidated fraction gets in).
+
+kopf remembers a memo per object for every non-CREATE admission call and forgets it only when
+its watch sees the object deleted; the webhook watches nothing, so it runs kopf with memories
+that are never kept (``_NoMemories``): a pod UPDATE does not grow the process.
 
 The certificate is self-signed (``cryptography``; kopf's own generator needs ``certbuilder``,
 which is not installed), for 127.0.0.1 by default, and is the CA bundle of the configurations.
@@ -51,6 +60,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+from kopf._core.reactor.inventory import ResourceMemories, ResourceMemory
 from kubernetes import client
 from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
@@ -66,6 +76,14 @@ MUTATE_ID = "mutate-pod"
 QUEUE_API = ("scheduling.run.ai", "v2", "queues")
 _SUFFIX_ALPHABET = string.ascii_lowercase + string.digits
 _DNS1123 = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
+# a Kubernetes username safe inside a CEL string literal (service accounts, users, nodes)
+_USERNAME = re.compile(r"[A-Za-z0-9@._:/-]+")
+
+
+# a matchCondition: a CREATE, or an UPDATE whose annotations differ from the old object's
+UPDATE_CHANGES_ANNOTATIONS = (
+    "request.operation != 'UPDATE' || "
+    "object.metadata.?annotations.orValue({}) != oldObject.metadata.?annotations.orValue({})")
 
 
 @dataclass(frozen=True)
@@ -89,6 +107,10 @@ class WebhookConfig:
     # False: someone else (the Helm chart) owns the configurations; the webhook only serves,
     # so it needs no RBAC on webhook configurations or pods, and wait_ready() does not probe
     manage_configurations: bool = True
+    # usernames whose pod UPDATEs the API server does not send us (a match condition): the
+    # scheduler's own (e.g. system:serviceaccount:kai-ray:kai-ray-scheduler), so its patches of
+    # pods (grouping annotation, GPU-group labels) never depend on the webhook being up
+    exempt_updaters: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.failure_policy not in ("Fail", "Ignore"):
@@ -100,6 +122,9 @@ class WebhookConfig:
         if not _DNS1123.fullmatch(self.grouping.scheduler_name):
             raise ValueError(f"GroupingConfig.scheduler_name: {self.grouping.scheduler_name!r} "
                              "is not a DNS-1123 name")
+        for user in self.exempt_updaters:
+            if not _USERNAME.fullmatch(user):
+                raise ValueError(f"WebhookConfig.exempt_updaters: {user!r} is not a username")
 
 
 # -- certificate ------------------------------------------------------------------------------
@@ -165,8 +190,11 @@ def webhook_configurations(config: WebhookConfig, url: str, ca_bundle: str | Non
         webhook: dict[str, Any] = {
             "name": f"{kind}.pods.{config.configuration_name}.kai-ray.run.ai",
             "clientConfig": client_config,
+            # validation sees UPDATEs too (no forged scheduler annotation, no broken fraction
+            # edited in later); the mutation only adds what a new pod needs
             "rules": [{"apiGroups": [""], "apiVersions": ["v1"], "resources": ["pods"],
-                       "operations": ["CREATE"], "scope": "Namespaced"}],
+                       "operations": ["CREATE", "UPDATE"] if kind == "validate" else ["CREATE"],
+                       "scope": "Namespaced"}],
             "matchConditions": [{
                 "name": "scheduler-name",
                 "expression": f"has(object.spec.schedulerName) && "
@@ -178,6 +206,21 @@ def webhook_configurations(config: WebhookConfig, url: str, ca_bundle: str | Non
             "timeoutSeconds": config.timeout_seconds,
             "admissionReviewVersions": ["v1"],
         }
+        if kind == "validate":
+            # an UPDATE reaches the webhook only when it changes annotations (all it checks on
+            # UPDATE): a stopped webhook then never blocks label edits, ownerReference changes
+            # by the garbage collector or finalizer removals
+            webhook["matchConditions"].append({
+                "name": "annotations-changed",
+                "expression": UPDATE_CHANGES_ANNOTATIONS,
+            })
+        if kind == "validate" and config.exempt_updaters:
+            users = ", ".join(f"'{u}'" for u in config.exempt_updaters)
+            webhook["matchConditions"].append({
+                "name": "not-an-exempt-update",
+                "expression": f"request.operation != 'UPDATE' || "
+                              f"!(request.userInfo.username in [{users}])",
+            })
         if config.namespace_selector is not None:
             webhook["namespaceSelector"] = dict(config.namespace_selector)
         if kind == "mutate":
@@ -302,12 +345,18 @@ class WebhookHandle:
         listing = client.CustomObjectsApi(self.api).list_cluster_custom_object(*QUEUE_API)
         return admission.queue_parents(listing.get("items") or [])
 
-    def validate(self, pod: Mapping[str, Any]) -> None:
-        """Deny (kopf.AdmissionError) what ``admission.validate_pod`` denies.
+    def validate(self, pod: Mapping[str, Any], old: Mapping[str, Any] | None = None) -> None:
+        """Deny (kopf.AdmissionError) what ``admission.validate_pod`` denies, or for an UPDATE
+        (``old``: the pod before it) what ``admission.validate_pod_update`` denies.
 
         Runs in kopf's thread pool (a sync handler): the rare fallbacks below call the API.
         """
         self.calls[VALIDATE_ID] += 1
+        if old is not None:
+            update = admission.validate_pod_update(old, pod, self.config.grouping)
+            if not update.allowed:
+                raise kopf.AdmissionError(update.message, code=400)
+            return
         queues = self._queue_inputs()
         ns_labels = None
         if queues is not None:
@@ -446,10 +495,12 @@ def _registry(handle: WebhookHandle, kubeconfig: str | None) -> kopf.OperatorReg
     def login(**_: Any) -> kopf.ConnectionInfo:
         return _connection_info(kubeconfig)
 
-    @kopf.on.validate("", "v1", "pods", id=VALIDATE_ID, operations={"CREATE"},
-                   registry=registry)
-    def validate(body: kopf.Body, **_: Any) -> None:  # sync: kopf runs it in a thread
-        handle.validate(dict(body))
+    @kopf.on.validate("", "v1", "pods", id=VALIDATE_ID, operations={"CREATE", "UPDATE"},
+                      registry=registry)
+    def validate(body: kopf.Body, **kwargs: Any) -> None:  # sync: kopf runs it in a thread
+        old = kwargs.get("old")  # the pod before an UPDATE
+        before = dict(old) if kwargs.get("operation") == "UPDATE" and old is not None else None
+        handle.validate(dict(body), before)
 
     @kopf.on.mutate("", "v1", "pods", id=MUTATE_ID, operations={"CREATE"},
                    registry=registry)
@@ -460,6 +511,14 @@ def _registry(handle: WebhookHandle, kubeconfig: str | None) -> kopf.OperatorReg
             patch.fns.append(lambda raw: jsonpatch.apply_patch(raw, ops, in_place=True))
 
     return registry
+
+
+class _NoMemories(ResourceMemories):
+    """kopf's per-object memories, never kept: the handlers use no memo, and kopf would keep one
+    per pod ever updated (it forgets only what its own watch sees deleted)."""
+
+    async def recall(self, raw_body: Any, **kwargs: Any) -> ResourceMemory:
+        return await super().recall(raw_body, **{**kwargs, "ephemeral": True})
 
 
 def start_webhook(kubeconfig: str | None, config: WebhookConfig | None = None,
@@ -493,7 +552,8 @@ def start_webhook(kubeconfig: str | None, config: WebhookConfig | None = None,
     def run() -> None:
         try:
             asyncio.run(kopf.operator(
-                registry=registry, settings=settings, standalone=True, clusterwide=True,
+                registry=registry, settings=settings, memories=_NoMemories(),
+                standalone=True, clusterwide=True,
                 stop_flag=handle._stop, ready_flag=handle._kopf_ready))
         except BaseException as e:
             handle.error = e

@@ -9,11 +9,13 @@ Objects are plain camelCase dicts as the API returns them. The controllers call,
 4. ``podgroup_update(existing, desired, config)``: what to write when the PodGroup exists;
 5. on RayCluster changes, ``ray_gang_update(existing, cluster)``.
 
-Admission (``kai_ray.grouping.admission``): ``validate_pod``, ``mutate_pod``,
-``gpu_configmap_data`` and ``gpu_configmap``. Each module's docstring states its rules.
+Admission (``kai_ray.grouping.admission``): ``validate_pod``, ``validate_pod_update``,
+``mutate_pod``, ``gpu_configmap_data`` and ``gpu_configmap``. Each module's docstring states its
+rules. ``is_scheduler_owned(key)``: the annotations only the scheduler writes, which the grouper
+never copies from a user's object and the webhook refuses on pods.
 """
 
-from kai_ray.grouping.config import GroupingConfig
+from kai_ray.grouping.config import GroupingConfig, is_scheduler_owned
 from kai_ray.grouping.objects import GroupingError, OwnerExpired, RayClusterPending
 from kai_ray.grouping.owners import GetOwner, Owners, ray_cluster_name, resolve_top_owner
 from kai_ray.grouping.podgroup import (
@@ -37,6 +39,7 @@ __all__ = [
     "RayClusterPending",
     "RayGang",
     "group_pod",
+    "is_scheduler_owned",
     "podgroup_update",
     "ray_cluster_name",
     "ray_gang",

@@ -9,6 +9,16 @@
     existing parent and be a leaf. The pod's queue at admission is its own queue label (then the
     legacy key), then the namespace's, then the default queue.
 
+    Before all that, an annotation only the scheduler writes (``config.is_scheduler_owned``:
+    ``kai-ray.io/...``, KAI's last-start and stale-PodGroup timestamps) is denied, naming it.
+
+``validate_pod_update(old, new, config=None) -> Verdict``
+    An UPDATE of one of our pods: setting or changing a scheduler-owned annotation is denied
+    (removing one, or leaving it as it was, is not); when any GPU-sharing annotation changed, the
+    GPU-sharing rules above are applied to ``new``. An update that leaves them alone is allowed
+    even if the pod predates the rules (kubelets and controllers update pods all the time).
+    The queue is not checked again (the PodGroup keeps its queue).
+
 ``mutate_pod(pod, suffix, config=None) -> list[dict]``
     JSON patch (RFC 6902) for a pod with ``gpu-fraction`` or ``gpu-memory``: the fraction
     container (``gpu-fraction-container-name``, init containers first, else container 0) gets env
@@ -37,7 +47,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from kai_ray.grouping.config import GroupingConfig
+from kai_ray.grouping.config import GroupingConfig, is_scheduler_owned
 from kai_ray.grouping.objects import GroupingError, Obj
 
 GPU_FRACTION = "gpu-fraction"
@@ -47,6 +57,9 @@ GPU_FRACTION_CONTAINER_NAME = "gpu-fraction-container-name"
 MPS = "mps"
 GPU_RESOURCE = "nvidia.com/gpu"
 CONFIGMAP_ANNOTATION = "runai/shared-gpu-configmap"
+# what an UPDATE must leave alone to skip the GPU-sharing checks
+SHARING_ANNOTATIONS = (GPU_FRACTION, GPU_MEMORY, GPU_FRACTION_NUM_DEVICES,
+                       GPU_FRACTION_CONTAINER_NAME, MPS)
 
 NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
 RUNAI_NUM_OF_GPUS = "RUNAI_NUM_OF_GPUS"
@@ -216,6 +229,34 @@ def queue_parents(queue_objects: Sequence[Obj]) -> dict[str, str | None]:
             for q in queue_objects}
 
 
+def scheduler_owned_problem(pod: Obj, old: Obj | None = None) -> str | None:
+    """The denial for the first scheduler-owned annotation ``pod`` sets, or changes from
+    ``old`` (an UPDATE's object before it); None when there is none."""
+    before = _annotations(old) if old is not None else {}
+    after = _annotations(pod)
+    for key in sorted(after):
+        if is_scheduler_owned(key) and (key not in before or before[key] != after[key]):
+            verb = "change" if key in before else "set"
+            return (f"annotation {key} is written only by the scheduler: pod {_pod_name(pod)} "
+                    f"may not {verb} it")
+    return None
+
+
+def _sharing_problem(pod: Obj, config: GroupingConfig, verb: str) -> str | None:
+    sharing = requests_gpu_sharing(pod)
+    if sharing and not config.gpu_sharing_enabled:
+        return (f"attempting to {verb} a pod {_pod_name(pod)} with gpu sharing request, while "
+                "GPU sharing is disabled")
+    if problem := validate_gpu_request(pod):
+        return problem
+    if sharing:
+        try:
+            fraction_container(pod)
+        except AdmissionError as e:
+            return str(e)
+    return None
+
+
 def validate_pod(
     pod: Obj,
     config: GroupingConfig | None = None,
@@ -226,21 +267,29 @@ def validate_pod(
     config = config or GroupingConfig()
     if (pod.get("spec") or {}).get("schedulerName") != config.scheduler_name:
         return Verdict(True)
-    sharing = requests_gpu_sharing(pod)
-    if sharing and not config.gpu_sharing_enabled:
-        return Verdict(False, f"attempting to create a pod {_pod_name(pod)} with gpu sharing "
-                              "request, while GPU sharing is disabled")
-    if problem := validate_gpu_request(pod):
+    if problem := scheduler_owned_problem(pod):
         return Verdict(False, problem)
-    if sharing:
-        try:
-            fraction_container(pod)
-        except AdmissionError as e:
-            return Verdict(False, str(e))
+    if problem := _sharing_problem(pod, config, "create"):
+        return Verdict(False, problem)
     if config.validate_queue and queues is not None:
         queue = pod_queue(pod, config, namespace_labels)
         if problem := _queue_problem(queue, queues):
             return Verdict(False, f"pod {_pod_name(pod)}: {problem}")
+    return Verdict(True)
+
+
+def validate_pod_update(old: Obj, new: Obj, config: GroupingConfig | None = None) -> Verdict:
+    """See the module docstring."""
+    config = config or GroupingConfig()
+    if (new.get("spec") or {}).get("schedulerName") != config.scheduler_name:
+        return Verdict(True)
+    if problem := scheduler_owned_problem(new, old):
+        return Verdict(False, problem)
+    before, after = _annotations(old), _annotations(new)
+    if all(before.get(k) == after.get(k) for k in SHARING_ANNOTATIONS):
+        return Verdict(True)
+    if problem := _sharing_problem(new, config, "update"):
+        return Verdict(False, problem)
     return Verdict(True)
 
 

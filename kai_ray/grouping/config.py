@@ -8,6 +8,7 @@ Defaults match KAI's, except where noted on the field.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 # Labels and annotations (KAI's names).
@@ -29,6 +30,29 @@ RAY_GROUP_LABEL = "ray.io/group"
 RAY_HEAD_GROUP = "headgroup"
 # kai-ray: PodGroup annotation {subgroup: pods per replica} for multi-host Ray worker groups
 REPLICA_HOSTS_ANNOTATION = "kai-ray.io/replica-hosts"
+
+# Annotations only the scheduler (and its pod grouper) writes: its own record of decisions, read
+# back from the PodGroup. A user who could set them would steer the scheduler (a bind intent binds
+# a pod where it says, a future last-start makes a job immune to preemption), so the grouper never
+# copies them from an owner or a pod and the webhook refuses them on pods (is_scheduler_owned).
+SCHEDULER_OWNED_PREFIX = "kai-ray.io/"  # bind-intent, suspended-demand, replica-hosts, ...
+LAST_START_ANNOTATION = "kai.scheduler/last-start-timestamp"  # min-runtime protection
+STALE_ANNOTATION = "kai.scheduler/stale-podgroup-timestamp"  # stale-gang eviction
+SCHEDULER_OWNED_ANNOTATIONS = frozenset({LAST_START_ANNOTATION, STALE_ANNOTATION})
+# of those, the ones the grouper computes itself and (re)writes on the PodGroup it builds
+GROUPER_OWNED_ANNOTATIONS = frozenset({REPLICA_HOSTS_ANNOTATION})
+
+
+def is_scheduler_owned(key: str) -> bool:
+    """True for an annotation key only kai-ray writes (``kai-ray.io/...``, KAI's last-start and
+    stale-PodGroup timestamps). User settings (``kai.scheduler/eviction-strategy``, topology,
+    ``pod-group-name``, the GPU-sharing annotations, ``runai/shared-gpu-configmap``) are not."""
+    return key.startswith(SCHEDULER_OWNED_PREFIX) or key in SCHEDULER_OWNED_ANNOTATIONS
+
+
+def without_scheduler_owned(annotations: Mapping[str, str]) -> dict[str, str]:
+    """``annotations`` less the scheduler-owned keys (what may be copied from user objects)."""
+    return {k: v for k, v in annotations.items() if not is_scheduler_owned(k)}
 
 # Shipped PriorityClasses that serve as per-kind defaults.
 TRAIN, BUILD, INFERENCE = "train", "build", "inference"

@@ -35,6 +35,12 @@ Priority class: for each owner, its label ``priorityClassName``, else the pod's 
 pod's ``spec.priorityClassName``; the first naming an existing class wins, else the kind's
 default. Ray: the top owner's label ``ray.io/priority-class-name`` overrides, unchecked.
 Preemptibility: label ``kai.scheduler/preemptibility`` on an owner, then on the pod.
+
+Annotations: the top owner's (the pod's when it has no owner), as KAI copies them, except the
+keys only the scheduler writes (``config.is_scheduler_owned``: ``kai-ray.io/...``, KAI's
+last-start and stale-PodGroup timestamps), which are never copied from a user's object; plus
+``kai.scheduler/top-owner-metadata``, the pod's ``user`` annotation and, for Ray gangs with
+multi-host groups, the grouper's own ``kai-ray.io/replica-hosts``.
 """
 
 from __future__ import annotations
@@ -64,6 +70,7 @@ from kai_ray.grouping.config import (
     TRAIN,
     USER_KEY,
     GroupingConfig,
+    without_scheduler_owned,
 )
 from kai_ray.grouping.objects import (
     GroupingError,
@@ -220,7 +227,9 @@ def group_pod(
     if USER_KEY in annotations_of(pod):
         pg_annotations[USER_KEY] = annotations_of(pod)[USER_KEY]
     pg_annotations[TOP_OWNER_METADATA_ANNOTATION] = _top_owner_metadata(top)
-    pg_annotations.update(annotations_of(top))
+    # the owner's (or bare pod's) annotations, less those only the scheduler writes: a forged
+    # bind intent or last-start must never reach the PodGroup the scheduler reads them from
+    pg_annotations.update(without_scheduler_owned(annotations_of(top)))
 
     name, owner, min_member = f"pg-{top_name}-{top_uid}", owner_ref(top), 1
     if kind == "job":

@@ -5,8 +5,11 @@ Ray gang when its RayCluster changes.
 (``existing`` with ``desired``'s spec and ownerReferences, labels and annotations merged in), or
 None when nothing changed. Kept from ``existing``: ``spec.queue``, ``spec.markUnschedulable``,
 ``spec.schedulingBackoff``, and its queue and node-pool labels (the node-pool label is never
-added by an update). Labels and annotations are merged, never removed. ``metadata`` fields such
-as ``resourceVersion`` and the ``status`` stay as they were, so the result can be PUT as is.
+added by an update). Labels and annotations are merged, never removed. Annotations only the
+scheduler writes (``config.is_scheduler_owned``: bind intent, last start, stale since, suspended
+demand) are never taken from ``desired``, so a resync keeps the scheduler's values as they are;
+of those, only the grouper's own (``kai-ray.io/replica-hosts``) is updated. ``metadata`` fields
+such as ``resourceVersion`` and the ``status`` stay as they were, so the result can be PUT as is.
 
 ``ray_gang_update(existing, cluster) -> dict | None``: the PodGroup of a RayCluster (or of its
 RayJob/RayService) with ``spec.minMember`` and ``spec.subGroups`` recomputed from ``cluster``
@@ -22,7 +25,11 @@ import copy
 from collections.abc import Mapping
 from typing import Any
 
-from kai_ray.grouping.config import GroupingConfig
+from kai_ray.grouping.config import (
+    GROUPER_OWNED_ANNOTATIONS,
+    GroupingConfig,
+    is_scheduler_owned,
+)
 from kai_ray.grouping.objects import Obj
 from kai_ray.grouping.ray import ray_gang
 
@@ -60,7 +67,10 @@ def podgroup_update(
     for key in (config.node_pool_label_key, *config.queue_keys()):
         if key in old_labels:
             new_labels[key] = old_labels[key]
-    new_annotations = new_meta.get("annotations") or {}
+    # the scheduler's own annotations on the PodGroup (bind intent, last start, ...) are its
+    # alone: the merge below keeps them, and nothing from ``desired`` may overwrite them
+    new_annotations = {k: v for k, v in (new_meta.get("annotations") or {}).items()
+                       if not is_scheduler_owned(k) or k in GROUPER_OWNED_ANNOTATIONS}
     owners = new_meta.get("ownerReferences") or []
 
     if (

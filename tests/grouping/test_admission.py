@@ -18,6 +18,7 @@ from kai_ray.grouping.admission import (
     mutate_pod,
     queue_parents,
     validate_pod,
+    validate_pod_update,
 )
 
 GPU_LIMIT = {"resources": {"limits": {"nvidia.com/gpu": "1"}}}
@@ -295,3 +296,95 @@ def test_half_gpu_ray_worker() -> None:
         "raycluster-half-gpu-abcdefg-shared-gpu-0")
     head = kuberay_pod(rc, "headgroup")
     assert validate_pod(head).allowed and mutate_pod(head, "x") == []
+
+
+# ---- annotations only the scheduler writes; UPDATE ---------------------------------------------
+
+BIND_INTENT = "kai-ray.io/bind-intent"
+LAST_START = "kai.scheduler/last-start-timestamp"
+
+
+@pytest.mark.parametrize("key", [BIND_INTENT, LAST_START, "kai.scheduler/stale-podgroup-timestamp",
+                                 "kai-ray.io/suspended-demand", "kai-ray.io/anything-new"])
+def test_create_with_a_scheduler_owned_annotation_is_refused_naming_it(key: str) -> None:
+    message = denied(_pod({key: "x", "gpu-fraction": "0.5"}))
+    assert message == f"annotation {key} is written only by the scheduler: pod ns/p may not set it"
+    # other schedulers' pods are none of our business (and never reach the webhook)
+    assert validate_pod(_pod({key: "x"}, scheduler="default-scheduler")).allowed
+
+
+def test_user_settings_are_still_admitted_on_create() -> None:
+    assert validate_pod(_pod({"kai.scheduler/eviction-strategy": "evict", "pod-group-name": "g",
+                              "kai.scheduler/topology": "dc", "kwok.kai-ray.io/exit-code": "0",
+                              "runai/shared-gpu-configmap": "p-x-shared-gpu"})).allowed
+
+
+def updated(old: dict[str, Any], **annotations: str | None) -> dict[str, Any]:
+    new = copy.deepcopy(old)
+    ann = new["metadata"].setdefault("annotations", {})
+    for k, v in annotations.items():
+        if v is None:
+            ann.pop(k, None)
+        else:
+            ann[k] = v
+    return new
+
+
+def update_denied(old: dict[str, Any], new: dict[str, Any], **kw: Any) -> str:
+    verdict = validate_pod_update(old, new, **kw)
+    assert not verdict.allowed
+    return verdict.message
+
+
+def test_update_setting_or_changing_a_scheduler_owned_annotation_is_refused() -> None:
+    old = _pod({"gpu-fraction": "0.5"})
+    assert update_denied(old, updated(old, **{BIND_INTENT: '{"p": {"node": "n1"}}'})) == (
+        f"annotation {BIND_INTENT} is written only by the scheduler: pod ns/p may not set it")
+    before = _pod({LAST_START: "2024-01-01T00:00:00Z"})  # admitted before the rule existed
+    assert update_denied(before, updated(before, **{LAST_START: "2999-01-01T00:00:00Z"})) == (
+        f"annotation {LAST_START} is written only by the scheduler: pod ns/p may not change it")
+
+
+def test_update_leaving_scheduler_owned_annotations_alone_is_allowed() -> None:
+    before = _pod({LAST_START: "2024-01-01T00:00:00Z"}, labels={QUEUE: "a"})
+    new = updated(before, note="x")
+    new["metadata"]["labels"]["kai.scheduler/subgroup-name"] = "w"
+    new["metadata"]["finalizers"] = ["example.com/f"]
+    assert validate_pod_update(before, new) == Verdict(True)
+    assert validate_pod_update(before, updated(before, **{LAST_START: None})).allowed  # removal
+
+
+@pytest.mark.parametrize(("annotations", "message"), [
+    ({"gpu-fraction": "1.5"}, "gpu-fraction annotation value must be a positive number smaller "
+                              "than 1.0"),
+    ({"gpu-fraction": None, "gpu-memory": "2GiB"},
+     "gpu-memory annotation value must be a positive integer greater than 0"),
+    ({"gpu-fraction-num-devices": "0"}, "fraction count annotation value must be a positive "
+                                        "integer greater than 0"),
+    ({"gpu-fraction-container-name": "nope"}, "container with name nope not found for fraction "
+                                              "request"),
+])
+def test_update_breaking_the_gpu_sharing_rules_is_refused(annotations: dict[str, str | None],
+                                                          message: str) -> None:
+    old = _pod({"gpu-fraction": "0.5"})
+    assert update_denied(old, updated(old, **annotations)) == message
+
+
+def test_update_to_a_valid_fraction_passes_and_sharing_off_refuses_it() -> None:
+    old = _pod({"gpu-fraction": "0.5"})
+    assert validate_pod_update(old, updated(old, **{"gpu-fraction": "0.25"})).allowed
+    plain = _pod()
+    off = GroupingConfig(gpu_sharing_enabled=False)
+    assert update_denied(plain, updated(plain, **{"gpu-fraction": "0.5"}), config=off) == (
+        "attempting to update a pod ns/p with gpu sharing request, while GPU sharing is disabled")
+
+
+def test_update_not_touching_gpu_sharing_passes_even_if_the_pod_predates_the_rules() -> None:
+    old = _pod({"gpu-fraction": "1.5"}, containers=[{"name": "c", **GPU_LIMIT}])
+    assert validate_pod_update(old, updated(old, note="x")).allowed
+    # the queue is checked on CREATE only: an UPDATE never fails for a queue deleted since
+    assert validate_pod_update(_pod(labels={QUEUE: "gone"}), _pod(labels={QUEUE: "gone"}),
+                               config=GroupingConfig(validate_queue=True)).allowed
+    other = _pod({"gpu-fraction": "0.5"}, scheduler="default-scheduler")
+    assert validate_pod_update(other, updated(other, **{"gpu-fraction": "7",
+                                                        BIND_INTENT: "{}"})).allowed

@@ -423,6 +423,19 @@ def test_webhook_runs_on_its_own_rbac(plane: ControlPlane, sa_kubeconfigs: dict[
         good = admission_review(pod("fine", "default-queue", annotations={"gpu-fraction": "0.5"}))
         answer = post_review(port, tmp_path / "ca.crt", "/mutate-pod", good)
         assert answer["response"]["allowed"] is True and answer["response"].get("patch")
+        # UPDATEs: an edit to a broken fraction or a forged scheduler annotation is refused,
+        # one that leaves them alone passes (even for a queue that no longer exists)
+        before = pod("old", "no-such-queue", annotations={"gpu-fraction": "0.5"})
+        for annotations, refused in (({"gpu-fraction": "1.5"}, "gpu-fraction"),
+                                     ({"kai-ray.io/bind-intent": "{}"}, "kai-ray.io/bind-intent"),
+                                     ({"note": "x"}, None)):
+            after = {**before, "metadata": {**before["metadata"], "annotations": {
+                **before["metadata"]["annotations"], **annotations}}}
+            answer = post_review(port, tmp_path / "ca.crt", "/validate-pod",
+                                 admission_review(after, old=before))
+            assert answer["response"]["allowed"] is (refused is None), answer
+            if refused:
+                assert refused in answer["response"]["status"]["message"]
     finally:
         proc.terminate()
         proc.wait(15)
@@ -430,14 +443,19 @@ def test_webhook_runs_on_its_own_rbac(plane: ControlPlane, sa_kubeconfigs: dict[
     assert "Forbidden" not in text and "403" not in text, text
 
 
-def admission_review(obj: dict[str, Any]) -> dict[str, Any]:
-    obj = {**obj, "metadata": {**obj["metadata"], "namespace": "default"}}
-    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-            "request": {"uid": "00000000-0000-0000-0000-000000000001",
-                        "kind": {"group": "", "version": "v1", "kind": "Pod"},
-                        "resource": {"group": "", "version": "v1", "resource": "pods"},
-                        "namespace": "default", "operation": "CREATE", "object": obj,
-                        "userInfo": {"username": "test"}, "dryRun": False}}
+def admission_review(obj: dict[str, Any], old: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A CREATE review of ``obj``, or an UPDATE from ``old`` to it."""
+    def namespaced(o: dict[str, Any]) -> dict[str, Any]:
+        return {**o, "metadata": {**o["metadata"], "namespace": "default"}}
+    request: dict[str, Any] = {
+        "uid": "00000000-0000-0000-0000-000000000001",
+        "kind": {"group": "", "version": "v1", "kind": "Pod"},
+        "resource": {"group": "", "version": "v1", "resource": "pods"},
+        "namespace": "default", "operation": "CREATE", "object": namespaced(obj),
+        "userInfo": {"username": "test"}, "dryRun": False}
+    if old is not None:
+        request.update(operation="UPDATE", oldObject=namespaced(old))
+    return {"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": request}
 
 
 def post_review(port: int, ca: Path, path: str, review: dict[str, Any]) -> dict[str, Any]:
@@ -591,7 +609,7 @@ def test_snapshot_then_simulate_predicts_the_live_decisions(
     assert {p: n for p, n in got.items() if n} == want_bound
     pending_jobs = {job_of[p] for p in want_pending}
     for job in pending_jobs:
-        want = sim["pending"][job]["reason"]
+        want = sim["pending"][f"{ns}/{job}"]["reason"]  # jobs are keyed ns/name
         wait_for(f"{job} refused with {want}", lambda j=job, w=want: _live_reason(api, ns, j)
                  == w, timeout=30, detail=scheduler.log_tail)
     assert all(not got[p] for p in want_pending)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import subprocess
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -28,6 +29,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(180)]
 QUEUE_API = ("scheduling.run.ai", "v2", "queues")
 SUFFIX = uuid.uuid4().hex[:5]
 PARENT, LEAF = f"wh-dept-{SUFFIX}", f"wh-team-{SUFFIX}"
+EXEMPT_USER = "kai-ray-test-scheduler"  # stands for the scheduler's own identity (impersonated)
 
 
 def _queue(name: str, parent: str | None = None) -> dict[str, Any]:
@@ -86,7 +88,8 @@ def queues(cluster: Cluster) -> Iterator[None]:
 @pytest.fixture(scope="module")
 def webhook(cluster: Cluster, queues: None) -> Iterator[WebhookHandle]:
     config = WebhookConfig(grouping=GroupingConfig(validate_queue=True),
-                           configuration_name=f"kai-ray-test-{SUFFIX}")
+                           configuration_name=f"kai-ray-test-{SUFFIX}",
+                           exempt_updaters=(EXEMPT_USER,))
     handle = start_webhook(str(cluster.kubeconfig), config)
     try:
         handle.wait_ready(60)
@@ -189,6 +192,46 @@ def test_fractional_pod_is_admitted_and_wired_to_its_configmap(webhook: WebhookH
     assert ref.name == created.metadata.annotations[admission.CONFIGMAP_ANNOTATION] + "-0"
 
 
+def _annotate(cluster: Cluster, namespace: str, pod: str, *pairs: str,
+              as_user: str | None = None) -> subprocess.CompletedProcess[str]:
+    """``kubectl annotate --overwrite`` as the test's admin, or impersonating ``as_user``."""
+    cmd = [cluster.kubectl_path(), "--kubeconfig", str(cluster.kubeconfig), "-n", namespace,
+           "annotate", "--overwrite", f"pod/{pod}", *pairs]
+    if as_user:
+        cmd += [f"--as={as_user}", "--as-group=system:masters"]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=60, check=False)
+
+
+def test_updates_cannot_forge_scheduler_annotations_or_break_a_fraction(
+        webhook: WebhookHandle, cluster: Cluster, core: client.CoreV1Api,
+        namespace: str) -> None:
+    core.create_namespaced_pod(namespace, _pod("edited", annotations={"gpu-fraction": "0.5"}))
+
+    out = _annotate(cluster, namespace, "edited", "gpu-fraction=1.5")
+    assert out.returncode != 0
+    assert "gpu-fraction annotation value must be a positive number smaller than 1.0" in \
+        out.stderr, out.stderr
+    assert "validate.pods." in out.stderr  # refused by us, through the API server
+
+    out = _annotate(cluster, namespace, "edited", 'kai-ray.io/bind-intent={"edited":{}}')
+    assert out.returncode != 0
+    assert ("annotation kai-ray.io/bind-intent is written only by the scheduler: pod "
+            f"{namespace}/edited may not set it") in out.stderr, out.stderr
+
+    # updates that leave both alone pass, as does a valid new fraction
+    assert _annotate(cluster, namespace, "edited", "note=hello").returncode == 0
+    assert _annotate(cluster, namespace, "edited", "gpu-fraction=0.25").returncode == 0
+    ann = core.read_namespaced_pod("edited", namespace).metadata.annotations
+    assert (ann["gpu-fraction"], ann["note"]) == ("0.25", "hello")
+    assert "kai-ray.io/bind-intent" not in ann
+
+    # the scheduler's own identity (exempt_updaters) never reaches the webhook on UPDATE
+    before = webhook.calls[VALIDATE_ID]
+    out = _annotate(cluster, namespace, "edited", "exempt=yes", as_user=EXEMPT_USER)
+    assert out.returncode == 0, out.stderr
+    assert webhook.calls[VALIDATE_ID] == before
+
+
 def test_other_pods_never_reach_the_webhook(webhook: WebhookHandle, core: client.CoreV1Api,
                                             namespace: str) -> None:
     before = dict(webhook.calls)
@@ -211,6 +254,7 @@ def test_stopped_webhook_blocks_only_our_pods(cluster: Cluster, queues: None,
     handle = start_webhook(str(cluster.kubeconfig), WebhookConfig(configuration_name=name))
     try:
         handle.wait_ready(60)
+        core.create_namespaced_pod(namespace, _pod("ours-before"))
         handle.stop(remove_configuration=False)  # the configurations now point at nothing
         adm = client.AdmissionregistrationV1Api(cluster.api_client())
         assert adm.read_validating_webhook_configuration(name).webhooks[0].failure_policy == "Fail"
@@ -221,6 +265,15 @@ def test_stopped_webhook_blocks_only_our_pods(cluster: Cluster, queues: None,
 
         with pytest.raises(ApiException) as info:  # fail closed for our scheduler's pods
             core.create_namespaced_pod(namespace, _pod("ours"))
+        assert "failed calling webhook" in str(info.value.body), info.value.body
+
+        # an UPDATE reaches the webhook only when it changes annotations: a label edit (or
+        # the garbage collector's ownerReference change) passes while it is down
+        core.patch_namespaced_pod("ours-before", namespace,
+                                  {"metadata": {"labels": {"edited": "yes"}}})
+        with pytest.raises(ApiException) as info:
+            core.patch_namespaced_pod("ours-before", namespace,
+                                      {"metadata": {"annotations": {"note": "x"}}})
         assert "failed calling webhook" in str(info.value.body), info.value.body
     finally:
         handle.stop()
