@@ -119,6 +119,14 @@ class LeaderElector:
     def is_leader(self) -> bool:
         return self._leading and self._clock() - self._last_renew < self.config.renew_deadline
 
+    def lease_left(self) -> float:
+        """Seconds this replica still surely leads (until its renew deadline: no standby can
+        take over before then); 0 when it does not lead. Writes are fenced on it: each is made
+        only with time left, and its request timeout ends within that time."""
+        if not self._leading:
+            return 0.0
+        return max(0.0, self._last_renew + self.config.renew_deadline - self._clock())
+
     def start(self, on_started_leading: Callback | None = None,
               on_stopped_leading: Callback | None = None) -> threading.Thread:
         """``run`` in a daemon thread."""

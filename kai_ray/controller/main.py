@@ -156,8 +156,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                                                  namespace=args.lease_namespace))
         elector.start(lambda: log.info("became leader (%s)", elector.identity),
                       lambda: log.info("lost leadership"))
-        extras.append(elector)
         is_leader = elector.is_leader
+        loop.lease_left = elector.lease_left  # every write is fenced on it
     log.info("kai-ray scheduler running (cycle every %.1fs)", loop_config.period_s)
     worker = threading.Thread(target=loop.run, args=(is_leader,), name="scheduler-loop",
                               daemon=True)
@@ -171,6 +171,17 @@ def cmd_run(args: argparse.Namespace) -> int:
             log.error("scheduler loop stopped unexpectedly")
             code = 1
             break
+    # the lease goes last, and only once the loop has stopped writing: released earlier, a
+    # successor could bind while this replica's bind phase still runs (stopping fences each
+    # write at once, so the wait is one in-flight request)
+    loop.stop()
+    worker.join(STOP_GRACE_S)
+    if elector is not None:
+        stopped = not worker.is_alive()
+        if not stopped:
+            log.warning("the scheduling loop did not stop within %.0fs; leaving the lease to "
+                        "expire instead of releasing it", STOP_GRACE_S)
+        elector.stop(release=stopped)
     for extra in reversed(extras):
         extra.stop()
     loop.events.flush(5.0)  # events still queued (they are written off the bind path)
@@ -182,6 +193,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             log.info("%s client: %d requests, %.1fs waited for the rate limit", name,
                      limiter.taken, limiter.waited_s)
     return code
+
+
+STOP_GRACE_S = 30.0  # for the loop to finish the write in flight at SIGTERM
 
 
 def _workers(loop: SchedulerLoop, elector: LeaderElector | None) -> list[threading.Thread]:

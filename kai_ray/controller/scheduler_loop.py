@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,7 +17,7 @@ from kubernetes import client
 from kai_ray.core.model import ACTIVE_ALLOCATED, PodStatus, SchedulerConfig, Snapshot
 from kai_ray.core.result import CycleResult
 from kai_ray.core.schedule import describe_core, schedule
-from kai_ray.k8s.binder import Binder, BinderConfig
+from kai_ray.k8s.binder import MIN_LEASE_LEFT_S, Binder, BinderConfig
 from kai_ray.k8s.cache import ClusterCache
 from kai_ray.k8s.events import EventRecorder
 from kai_ray.k8s.status import StatusWriter
@@ -80,6 +82,15 @@ class SchedulerLoop:
         self.last_result: CycleResult | None = None
         self.stopping = threading.Event()
         self._grouping: threading.Thread | None = None
+        # seconds this replica surely leads (the elector's lease_left; no election: forever):
+        # each step of a cycle, and each bind and eviction, writes only with time left
+        self.lease_left: Callable[[], float] = lambda: math.inf
+        self.binder.fence = self.fence
+
+    def fence(self) -> float:
+        """Seconds of writing left: none once stopping (SIGTERM: the lease is released only
+        after the loop stopped), else the lease's."""
+        return 0.0 if self.stopping.is_set() else self.lease_left()
 
     # ------------------------------------------------------------------ snapshot
     def _apply_assumed(self, snapshot: Snapshot, pods: dict[str, Obj]) -> Snapshot:
@@ -199,6 +210,9 @@ class SchedulerLoop:
                         for g in a.groups})
 
     def _step(self, what: str, default: Any, fn: Any, *args: Any) -> Any:
+        if self.fence() < MIN_LEASE_LEFT_S:
+            log.info("%s skipped: this replica may no longer lead", what)
+            return default
         try:
             return fn(*args)
         except Exception:  # this step's outcome, not the cycle's

@@ -26,9 +26,10 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import threading
 import time
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,7 @@ from kai_ray.grouping import admission
 from kai_ray.k8s import convert, rawapi
 from kai_ray.k8s.cache import PG_GROUP, PG_PLURAL, PG_VERSION
 from kai_ray.k8s.events import EventRecorder
+from kai_ray.k8s.ratelimit import DEFAULT_TIMEOUT
 from kai_ray.k8s.status import not_scheduled
 
 log = logging.getLogger(__name__)
@@ -76,6 +78,15 @@ class BinderConfig:
     bind_attempts: int = 5
     # transient bind faults: seconds before the next try of that pod, doubling to the maximum
     retry_s: tuple[float, float] = (1.0, 30.0)
+
+
+# a write is made only with at least this much leadership left (see Binder.fence)
+MIN_LEASE_LEFT_S = 1.0
+
+
+class Fenced(RuntimeError):
+    """This replica may no longer lead (its lease is about to lapse, or it is stopping): no
+    more writes; the gang's intent is left for whoever leads next."""
 
 
 class ReservationFailed(RuntimeError):
@@ -114,12 +125,40 @@ class Binder:
         self._reservations: dict[tuple[str, str], Obj] | None = None
         self.pool = ThreadPoolExecutor(max_workers=max(1, self.config.workers),
                                        thread_name_prefix="binder")
+        # seconds this replica surely leads (LeaderElector.lease_left; inf without election,
+        # 0 once stopping): every bind, intent write and eviction is made only with
+        # MIN_LEASE_LEFT_S left, with a request timeout that ends within it, so a replica that
+        # lost its lease has stopped writing before a standby can take over
+        self.fence: Callable[[], float] = lambda: math.inf
+        self.fenced = 0  # gangs whose binds stopped for it (a test and the log read it)
+
+    def write_timeout(self) -> tuple[float, float] | None:
+        """The (connect, read) timeout of a fenced write; raises Fenced when too little
+        leadership is left. None: no election, the client's own timeout."""
+        left = self.fence()
+        if left < MIN_LEASE_LEFT_S:
+            raise Fenced(f"{left:.1f}s of leadership left")
+        if math.isinf(left):
+            return None
+        connect, read = getattr(self.api, "timeout", DEFAULT_TIMEOUT)
+        return min(connect, left), min(read, left)
 
     # ------------------------------------------------------------------ intents
-    def _patch_pg_annotations(self, pg: Obj, annotations: Mapping[str, str | None]) -> None:
+    def _patch_pg_annotations(self, pg: Obj, annotations: Mapping[str, str | None],
+                              guarded: bool = False) -> None:
+        """`guarded`: only if the PodGroup is still the version read (409 otherwise: another
+        replica, or a user, changed it since; the gang is decided again next cycle)."""
         m = pg["metadata"]
-        rawapi.patch_custom(self.api, PG_GROUP, PG_VERSION, m["namespace"], PG_PLURAL, m["name"],
-                            {"metadata": {"annotations": dict(annotations)}})
+        meta: Obj = {"annotations": dict(annotations)}
+        if guarded and m.get("resourceVersion"):
+            meta["resourceVersion"] = m["resourceVersion"]
+        answer = rawapi.request_json(
+            self.api, "PATCH", f"/apis/{PG_GROUP}/{PG_VERSION}/namespaces/{m['namespace']}/"
+            f"{PG_PLURAL}/{m['name']}", {"metadata": meta}, rawapi.MERGE_PATCH,
+            timeout=self.write_timeout())
+        version = (answer.get("metadata") or {}).get("resourceVersion")
+        if version:  # a later guarded write of this cycle starts from this version
+            m["resourceVersion"] = version
 
     def write_intent(self, pg: Obj, binds: list[Bind], start: bool = False) -> None:
         """`start`: the job starts with these binds; its last-start stamp is written with the
@@ -131,7 +170,8 @@ class Binder:
                              "portion": b.gpu_portion, "memory_mib": b.gpu_memory_mib}
             if start:
                 intent[b.pod]["start"] = True
-        self._patch_pg_annotations(pg, {convert.BIND_INTENT_ANNOTATION: json.dumps(intent)})
+        self._patch_pg_annotations(pg, {convert.BIND_INTENT_ANNOTATION: json.dumps(intent)},
+                                   guarded=True)
         pg["metadata"].setdefault("annotations", {})[convert.BIND_INTENT_ANNOTATION] = \
             json.dumps(intent)
 
@@ -250,6 +290,13 @@ class Binder:
                 continue
             if time.monotonic() < self._retry_at.get(key, (0.0, 0))[0]:
                 break  # backing off after a transient fault: the gang waits in its intent
+            if self.fence() < MIN_LEASE_LEFT_S:
+                with self._count_lock:
+                    self.fenced += 1
+                log.warning("PodGroup %s: binds stopped, this replica may no longer lead; "
+                            "the gang's intent is left for the next leader",
+                            pg["metadata"]["name"])
+                break
             try:
                 if b.gpu_groups:
                     devices = self._reserved_devices(pod, b, pods)
@@ -261,6 +308,8 @@ class Binder:
                 self._give_up(pod, e)
                 finished.append(b.pod)  # out of the intent: Pending again, room released
                 continue
+            except Fenced:
+                break  # the lease ran out meanwhile: as above
             except Exception as e:
                 if isinstance(e, ApiException) and e.status in (404, 409):
                     # deleted, or bound already
@@ -365,7 +414,8 @@ class Binder:
 
     def _bind(self, pod: Obj, node: str) -> None:
         m = pod["metadata"]
-        rawapi.bind(self.api, m["namespace"], m["name"], m.get("uid"), node)
+        rawapi.bind(self.api, m["namespace"], m["name"], m.get("uid"), node,
+                    timeout=self.write_timeout())
 
     # ------------------------------------------------------------------ GPU sharing
     def _ensure_reservation_access(self) -> None:
@@ -635,7 +685,12 @@ class Binder:
         body = client.V1Eviction(metadata=client.V1ObjectMeta(name=m["name"],
                                                               namespace=m["namespace"]))
         try:
-            self.core.create_namespaced_pod_eviction(m["name"], m["namespace"], body)
+            timeout = self.write_timeout()
+        except Fenced:
+            return False  # whoever leads next decides again
+        try:
+            self.core.create_namespaced_pod_eviction(m["name"], m["namespace"], body,
+                                                     _request_timeout=timeout)
         except ApiException as e:
             if e.status == 404:
                 return False

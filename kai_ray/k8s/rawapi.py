@@ -17,24 +17,27 @@ Obj = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
 
 
+Timeout = tuple[float, float] | None  # (connect, read) seconds; None: the client's own
+
+
 def request(api: client.ApiClient, method: str, path: str, body: Any = None,
-            content_type: str = "application/json") -> None:
+            content_type: str = "application/json", timeout: Timeout = None) -> None:
     """`method` on `path` (e.g. /api/v1/namespaces/ns/pods/p/binding); raises ApiException on
     a non-2xx answer as the generated client does. The response is always read to its end, so
     the connection goes back to the pool (an unread one is dropped, and the next request pays a
     new TLS handshake)."""
-    _send(api, method, path, body, content_type)
+    _send(api, method, path, body, content_type, timeout)
 
 
-def _send(api: client.ApiClient, method: str, path: str, body: Any, content_type: str
-          ) -> bytes:
+def _send(api: client.ApiClient, method: str, path: str, body: Any, content_type: str,
+          timeout: Timeout = None) -> bytes:
     """The request; its answer's body, read to the end (ApiException on a non-2xx answer)."""
     headers = {"Accept": "application/json"}
     if body is not None:
         headers["Content-Type"] = content_type
     serialized = api.param_serialize(method, path, header_params=headers, body=body,
                                      auth_settings=["BearerToken"])
-    resp = api.call_api(*serialized)
+    resp = api.call_api(*serialized, _request_timeout=timeout)
     data: bytes = resp.read()
     if not 200 <= resp.status <= 299:
         raise ApiException.from_response(http_resp=resp, body=data.decode("utf-8", "replace"),
@@ -42,13 +45,14 @@ def _send(api: client.ApiClient, method: str, path: str, body: Any, content_type
     return data
 
 
-def bind(api: client.ApiClient, namespace: str, name: str, uid: str | None, node: str) -> None:
+def bind(api: client.ApiClient, namespace: str, name: str, uid: str | None, node: str,
+         timeout: Timeout = None) -> None:
     meta: Obj = {"name": name, "namespace": namespace}
     if uid:
         meta["uid"] = uid
     request(api, "POST", f"/api/v1/namespaces/{namespace}/pods/{name}/binding",
             {"apiVersion": "v1", "kind": "Binding", "metadata": meta,
-             "target": {"apiVersion": "v1", "kind": "Node", "name": node}})
+             "target": {"apiVersion": "v1", "kind": "Node", "name": node}}, timeout=timeout)
 
 
 def create_event(api: client.ApiClient, namespace: str, event: Obj) -> None:
@@ -92,9 +96,9 @@ def annotate_quietly(api: client.ApiClient, group: str, version: str, plural: st
 
 
 def request_json(api: client.ApiClient, method: str, path: str, body: Any = None,
-                 content_type: str = "application/json") -> Obj:
+                 content_type: str = "application/json", timeout: Timeout = None) -> Obj:
     """As `request`, returning the answer's JSON object ({} when it is not one)."""
-    data = _send(api, method, path, body, content_type)
+    data = _send(api, method, path, body, content_type, timeout)
     try:
         answer = json.loads(data) if data else {}
     except ValueError:

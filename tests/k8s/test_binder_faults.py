@@ -33,7 +33,7 @@ class _Core:
     def patch_namespaced_pod_status(self, name: str, ns: str, body: dict) -> None:
         self.conditions.append((name, body["status"]["conditions"][0]))
 
-    def create_namespaced_pod_eviction(self, name: str, ns: str, body: Any) -> None:
+    def create_namespaced_pod_eviction(self, name: str, ns: str, body: Any, **_: Any) -> None:
         if self.evict_error is not None:
             raise self.evict_error
 
@@ -59,7 +59,7 @@ class _Binder(Binder):
             raise self.refuse[name]
         self.bound.append(name)
 
-    def _patch_pg_annotations(self, pg: dict, annotations: Any) -> None:
+    def _patch_pg_annotations(self, pg: dict, annotations: Any, guarded: bool = False) -> None:
         self.patches.append(dict(annotations))
 
 
