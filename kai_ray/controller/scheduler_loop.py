@@ -139,6 +139,8 @@ class SchedulerLoop:
         snapshot, problems, podgroups = self.cache.snapshot()
         # binds a previous cycle (or a crashed run) recorded but did not finish
         if any(convert_intent(pg) for pg in podgroups.values()):
+            # re-checked before each gang goes on: a node it binds to must still exist
+            self.binder.nodes = {n["metadata"]["name"]: n for n in self.cache.nodes.values()}
             self.binder.resume(podgroups.values(), pods)
             until = time.monotonic() + ASSUME_SECONDS
             for b in self.binder.resumed:  # as for the cycle's own binds (_carry_out)
@@ -170,7 +172,7 @@ class SchedulerLoop:
         """Each step on its own: a fault in one (an API error, a reset, a bug) is logged and
         the others still run; the steps repeat what is left next cycle."""
         until = time.monotonic() + ASSUME_SECONDS
-        suspended: set[str] = set(self._step("suspending RayJobs", list, self._suspend_instead,
+        suspended: set[str] = set(self._step("suspending RayJobs", [], self._suspend_instead,
                                              result, snapshot, podgroups, pods) or ())
         for key in suspended:
             self.assumed[key] = _Assumed(PodStatus.RELEASING, None, (), until)

@@ -78,6 +78,10 @@ class BinderConfig:
     bind_attempts: int = 5
     # transient bind faults: seconds before the next try of that pod, doubling to the maximum
     retry_s: tuple[float, float] = (1.0, 30.0)
+    # a gang's bind transaction (its intent) not whole this long after it was written is
+    # rolled back: the pods it bound are evicted, the rest go back to Pending. Longer than
+    # reservation_timeout_s, which a shared-GPU pod may legitimately wait.
+    bind_deadline_s: float = 300.0
 
 
 # a write is made only with at least this much leadership left (see Binder.fence)
@@ -87,6 +91,11 @@ MIN_LEASE_LEFT_S = 1.0
 class Fenced(RuntimeError):
     """This replica may no longer lead (its lease is about to lapse, or it is stopping): no
     more writes; the gang's intent is left for whoever leads next."""
+
+
+class StaleRead(RuntimeError):
+    """An object changed since the cache read it: a transient outcome (the next cycle reads
+    it anew), never a refusal."""
 
 
 class ReservationFailed(RuntimeError):
@@ -125,6 +134,9 @@ class Binder:
         self._reservations: dict[tuple[str, str], Obj] | None = None
         self.pool = ThreadPoolExecutor(max_workers=max(1, self.config.workers),
                                        thread_name_prefix="binder")
+        # the watch cache's nodes by name, when the caller gives them: resume() re-checks that
+        # a node it is about to bind to still exists
+        self.nodes: Mapping[str, Obj] | None = None
         # seconds this replica surely leads (LeaderElector.lease_left; inf without election,
         # 0 once stopping): every bind, intent write and eviction is made only with
         # MIN_LEASE_LEFT_S left, with a request timeout that ends within it, so a replica that
@@ -164,10 +176,12 @@ class Binder:
         """`start`: the job starts with these binds; its last-start stamp is written with the
         first bind that succeeds, in this cycle or (waiting for a reservation pod) a later one."""
         intent = convert.bind_intent(pg)
+        now = round(time.time(), 3)
         for b in binds:
             intent[b.pod] = {"node": b.node, "gpu_groups": list(b.gpu_groups),
                              "new_gpu_groups": list(b.new_gpu_groups),
-                             "portion": b.gpu_portion, "memory_mib": b.gpu_memory_mib}
+                             "portion": b.gpu_portion, "memory_mib": b.gpu_memory_mib,
+                             "since": now}
             if start:
                 intent[b.pod]["start"] = True
         self._patch_pg_annotations(pg, {convert.BIND_INTENT_ANNOTATION: json.dumps(intent)},
@@ -206,16 +220,44 @@ class Binder:
             b = _intent_bind(convert.job_key(ns, pg["metadata"]["name"]), ns, name, v)
             if b is None:
                 unreadable.append(name)
-            else:
+            elif not v.get("bound"):
                 binds.append(b)
         if unreadable:  # edited by hand? those pods go back to Pending
             log.warning("PodGroup %s/%s: unreadable bind intent entries for %s dropped", ns,
                         pg["metadata"]["name"], sorted(unreadable))
-            self._clear_intent(pg, unreadable, {})
+            self._settle_intent(pg, (), unreadable, {})
+        if not binds and not unreadable:  # every entry bound: a crash came before the clean-up
+            self._write_intent_value(pg, None, {})
+            return 0
+        why = self._cannot_finish(intent, binds, pods)
+        if why:
+            self._roll_back(pg, pods, why)
+            return 0
         started = ({convert.LAST_START_ANNOTATION: convert.now_rfc3339()}
                    if any(isinstance(v, dict) and v.get("start") for v in intent.values())
                    else None)
         return self._bind_gang(pg, binds, pods, started=started)
+
+    def _cannot_finish(self, intent: dict[str, Any], binds: list[Bind],
+                       pods: dict[str, Obj]) -> str | None:
+        """Why the gang's transaction must be rolled back instead of resumed, re-checked each
+        time before it goes on: past its deadline, or a node it binds to is gone."""
+        waiting = [b for b in binds if not (pods.get(f"{b.namespace}/{b.pod}") or {}).get(
+            "spec", {}).get("nodeName")]
+        if not waiting:
+            return None
+        since = [v["since"] for v in intent.values() if isinstance(v, dict)
+                 and isinstance(v.get("since"), int | float)]
+        if since and time.time() - min(since) > self.config.bind_deadline_s:
+            return (f"the gang was not bound whole within {self.config.bind_deadline_s:.0f}s "
+                    f"({len(waiting)} pod(s) still unbound, e.g. {waiting[0].pod} on "
+                    f"{waiting[0].node})")
+        if self.nodes is not None:
+            for b in waiting:
+                node = self.nodes.get(b.node)
+                if node is None or (node.get("metadata") or {}).get("deletionTimestamp"):
+                    return f"node {b.node}, where {b.pod} was to be bound, is gone"
+        return None
 
     def _start_call(self, pods: dict[str, Obj]) -> None:
         self._bound_now = []
@@ -277,16 +319,17 @@ class Binder:
         possible. A transient fault is retried after a back-off for as long as it lasts; after
         `bind_attempts` refusals of one pod, it and the gang's other unbound pods leave the
         intent and go back to Pending."""
-        finished: list[str] = []
+        bound: list[str] = []
+        dropped: list[str] = []
         done = 0
         for i, b in enumerate(binds):
             key = f"{b.namespace}/{b.pod}"
             pod = pods.get(key)
             if pod is None or (pod.get("metadata") or {}).get("deletionTimestamp"):
-                finished.append(b.pod)  # gone: nothing to finish
+                dropped.append(b.pod)  # gone: nothing to finish
                 continue
             if (pod.get("spec") or {}).get("nodeName"):
-                finished.append(b.pod)
+                bound.append(b.pod)
                 continue
             if time.monotonic() < self._retry_at.get(key, (0.0, 0))[0]:
                 break  # backing off after a transient fault: the gang waits in its intent
@@ -306,7 +349,7 @@ class Binder:
                 self._bind(pod, b.node)
             except ReservationFailed as e:
                 self._give_up(pod, e)
-                finished.append(b.pod)  # out of the intent: Pending again, room released
+                dropped.append(b.pod)  # out of the intent: Pending again, room released
                 continue
             except Fenced:
                 break  # the lease ran out meanwhile: as above
@@ -314,16 +357,20 @@ class Binder:
                 if isinstance(e, ApiException) and e.status in (404, 409):
                     # deleted, or bound already
                     log.info("bind %s -> %s: %s %s", key, b.node, e.status, e.reason)
-                    finished.append(b.pod)
+                    (dropped if e.status == 404 else bound).append(b.pod)
                     continue
                 if is_transient(e):
                     self._retry_later(pod, b, describe_error(e))
-                elif self._bind_refused(pod, b, describe_error(e)):
-                    # given up: the gang's pods not bound yet go back to Pending with it
-                    finished.extend(r.pod for r in binds[i:])
+                elif self._bind_refused(pod, b, describe_error(e)) and intent:
+                    # given up: the transaction is rolled back (what it bound is evicted,
+                    # the rest goes back to Pending with this pod)
                     self._gang_given_up(binds[i + 1:], pods, b)
+                    self._settle_intent(pg, bound, dropped, started if done else {})
+                    self._roll_back(pg, pods, f"the bind of {b.pod} was refused "
+                                    f"{self.config.bind_attempts} times")
+                    return done
                 break
-            finished.append(b.pod)
+            bound.append(b.pod)
             self._attempts.pop(key, None)
             self._retry_at.pop(key, None)
             done += 1
@@ -332,8 +379,8 @@ class Binder:
                 self._bound_now.append(b)
             self.events.emit(pod, "Scheduled",
                              f"Successfully assigned {b.namespace}/{b.pod} to {b.node}")
-        if finished and intent:
-            self._clear_intent(pg, finished, started if done else {})
+        if (bound or dropped) and intent:
+            self._settle_intent(pg, bound, dropped, started if done else {})
         return done
 
     def _retry_later(self, pod: Obj, b: Bind, failure: str) -> None:
@@ -379,6 +426,55 @@ class Binder:
                             "refused for good; this pod is back to Pending with it and is "
                             "tried again after a back-off")
 
+    def _roll_back(self, pg: Obj, pods: dict[str, Obj], why: str) -> None:
+        """End the gang's transaction without it whole: the pods it bound are evicted (no pod
+        of a gang left bound by a transaction that failed), those not bound lose the GPU-group
+        labels and ConfigMap it gave them and go back to Pending with a back-off; an event on
+        the PodGroup says why. An eviction refused (a disruption budget) is left to the
+        stale-gang eviction, which evicts a gang below its minimum after its grace period."""
+        m = pg["metadata"]
+        ns = m["namespace"]
+        intent = convert.bind_intent(pg)
+        log.warning("PodGroup %s/%s: rolling back its binds: %s", ns, m["name"], why)
+        with self._count_lock:  # bound by this call: `pods` (read before it) says Pending
+            just_bound = {(b.namespace, b.pod) for b in self._bound_now}
+        for name, entry in intent.items():
+            pod = pods.get(f"{ns}/{name}")
+            if pod is None or (pod.get("metadata") or {}).get("deletionTimestamp"):
+                continue
+            if (pod.get("spec") or {}).get("nodeName") or (ns, name) in just_bound or (
+                    isinstance(entry, dict) and entry.get("bound")):
+                self.evict(pod, f"rolled back: {why}", "rollback")
+                continue
+            self._undo_shared_gpu(pod)
+            if f"{ns}/{name}" not in self.gave_up:
+                self._not_bound(pod, f"{why}; the gang's binds were rolled back and it is "
+                                "scheduled again after a back-off")
+        self._write_intent_value(pg, None, {})
+        self.events.emit(pg, "BindRolledBack", f"binds rolled back: {why}", kind="PodGroup",
+                         api_version=f"{PG_GROUP}/{PG_VERSION}", type_="Warning")
+
+    def _undo_shared_gpu(self, pod: Obj) -> None:
+        """Remove what `_prepare_shared_gpu` gave a pod that was not bound: its GPU-group
+        labels (they would keep the reservation pod alive) and its ConfigMap."""
+        m = pod["metadata"]
+        labels = {k: None for k in (m.get("labels") or {})
+                  if k == convert.GPU_GROUP_LABEL or k.startswith(convert.GPU_GROUP_LABEL + "/")}
+        try:
+            if labels:
+                self.core.patch_namespaced_pod(m["name"], m["namespace"],
+                                               {"metadata": {"labels": labels}})
+                # named as _prepare_shared_gpu names it (a prefix it set when none was there)
+                ann = {CONFIGMAP_ANNOTATION: _configmap_prefix(pod), **(m.get("annotations")
+                                                                       or {})}
+                cm = admission.gpu_configmap({**pod, "metadata": {**m, "annotations": ann}},
+                                             {})["metadata"]["name"]
+                self.core.delete_namespaced_config_map(cm, m["namespace"])
+        except Exception as e:  # best effort: the labels go with the next bind's anyway
+            if getattr(e, "status", None) != 404:
+                log.warning("pod %s/%s: shared-GPU set-up not undone: %s", m["namespace"],
+                            m["name"], describe_error(e))
+
     def _not_bound(self, pod: Obj, message: str) -> None:
         m = pod["metadata"]
         self.gave_up[f"{m['namespace']}/{m['name']}"] = message
@@ -389,19 +485,28 @@ class Binder:
             log.warning("pod %s/%s: condition not written: %s", m["namespace"], m["name"],
                         describe_error(e))
 
-    def _clear_intent(self, pg: Obj, names: Iterable[str], extra: Mapping[str, str] | None
-                      ) -> None:
-        """Take `names` out of the gang's intent (and write `extra` annotations with it)."""
+    def _settle_intent(self, pg: Obj, bound: Iterable[str], dropped: Iterable[str],
+                       extra: Mapping[str, str] | None) -> None:
+        """Record in the gang's intent the pods now `bound` (kept, marked, until the whole
+        transaction is: a rollback evicts them) and take `dropped` ones out; once every entry
+        left is bound the intent is removed. `extra` annotations are written with it."""
         pending = convert.bind_intent(pg)
-        for name in names:
+        for name in dropped:
             pending.pop(name, None)
-        value = json.dumps(pending) if pending else None
+        for name in bound:
+            if isinstance(pending.get(name), dict):
+                pending[name]["bound"] = True
+        whole = all(isinstance(v, dict) and v.get("bound") for v in pending.values())
+        self._write_intent_value(pg, None if whole else json.dumps(pending), extra)
+
+    def _write_intent_value(self, pg: Obj, value: str | None,
+                            extra: Mapping[str, str] | None) -> None:
         update: dict[str, str | None] = {convert.BIND_INTENT_ANNOTATION: value}
         update.update(extra or {})
         try:
             self._patch_pg_annotations(pg, update)
         except Exception as e:  # the next cycle's resume() sees the rest
-            log.warning("PodGroup %s: intent not cleared (%s)", pg["metadata"]["name"],
+            log.warning("PodGroup %s: intent not updated (%s)", pg["metadata"]["name"],
                         getattr(e, "status", None) or f"{type(e).__name__}: {e}")
             return
         # a later write of this cycle (new binds of the gang) starts from this
@@ -621,10 +726,21 @@ class Binder:
         patch: dict[str, Any] = {"metadata": {"labels": labels}}
         if CONFIGMAP_ANNOTATION not in ann:
             # admitted without our webhook: still record where the env lives
-            prefix = f"{m['name'][:40]}-shared-gpu"
+            prefix = _configmap_prefix(pod)
             patch["metadata"]["annotations"] = {CONFIGMAP_ANNOTATION: prefix}
             ann = {**ann, CONFIGMAP_ANNOTATION: prefix}
-        self.core.patch_namespaced_pod(m["name"], m["namespace"], patch)
+        if m.get("resourceVersion"):
+            # only over the pod as read (unbound): never relabel, nor then rewrite the
+            # ConfigMap of, a pod another replica bound meanwhile to another device
+            patch["metadata"]["resourceVersion"] = m["resourceVersion"]
+        try:
+            self.core.patch_namespaced_pod(m["name"], m["namespace"], patch,
+                                           _request_timeout=self.write_timeout())
+        except ApiException as e:
+            if e.status == 409:
+                raise StaleRead(f"pod {m['namespace']}/{m['name']} changed since it was "
+                                "read; tried again on the next cycle's view") from e
+            raise
         memory = b.gpu_memory_mib or None
         data = admission.gpu_configmap_data(devices, b.gpu_portion or 1.0, memory)
         cm = admission.gpu_configmap({**pod, "metadata": {**m, "annotations": ann}}, data)
@@ -701,8 +817,9 @@ class Binder:
         except Exception as e:  # a reset or a timeout: this victim's outcome
             self._eviction_refused(pod, f"{type(e).__name__}: {e}")
             return False
-        self.events.emit(pod, "Preempted" if action != "stalegangeviction" else "Evicted",
-                         message, dedupe=False)
+        reason = {"stalegangeviction": "Evicted", "rollback": "BindRolledBack"}.get(
+            action, "Preempted")
+        self.events.emit(pod, reason, message, dedupe=False)
         return True
 
 
@@ -739,7 +856,7 @@ def is_transient(e: BaseException) -> bool:
     if isinstance(e, ApiException):
         return e.status in TRANSIENT_STATUSES and not any(
             d in api_message(e) for d in _DENIALS)
-    return isinstance(e, urllib3.exceptions.HTTPError | OSError | TimeoutError)
+    return isinstance(e, urllib3.exceptions.HTTPError | OSError | TimeoutError | StaleRead)
 
 
 def describe_error(e: BaseException) -> str:
@@ -762,6 +879,11 @@ def _intent_bind(job: str, namespace: str, name: str, v: Any) -> Bind | None:
                     gpu_memory_mib=int(v.get("memory_mib") or 0), action="resume")
     except (TypeError, ValueError):
         return None
+
+
+def _configmap_prefix(pod: Obj) -> str:
+    """The shared-GPU ConfigMap prefix the binder gives a pod admitted without our webhook."""
+    return f"{pod['metadata']['name'][:40]}-shared-gpu"
 
 
 def last_start_needed(pg: Obj) -> bool:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -29,6 +30,15 @@ class _Core:
     def __init__(self, evict_error: Exception | None = None) -> None:
         self.conditions: list[tuple[str, dict]] = []
         self.evict_error = evict_error
+        self.evicted: list[str] = []
+        self.patched: list[tuple[str, dict]] = []
+        self.deleted_configmaps: list[str] = []
+
+    def patch_namespaced_pod(self, name: str, ns: str, body: dict) -> None:
+        self.patched.append((name, body))
+
+    def delete_namespaced_config_map(self, name: str, ns: str) -> None:
+        self.deleted_configmaps.append(name)
 
     def patch_namespaced_pod_status(self, name: str, ns: str, body: dict) -> None:
         self.conditions.append((name, body["status"]["conditions"][0]))
@@ -36,6 +46,7 @@ class _Core:
     def create_namespaced_pod_eviction(self, name: str, ns: str, body: Any, **_: Any) -> None:
         if self.evict_error is not None:
             raise self.evict_error
+        self.evicted.append(name)
 
 
 class _Binder(Binder):
@@ -66,6 +77,11 @@ class _Binder(Binder):
 def _pod(name: str) -> dict:
     return {"metadata": {"name": name, "namespace": "ns", "uid": name}, "spec": {},
             "status": {"phase": "Pending"}}
+
+
+def unbound(pg: dict) -> set[str]:
+    """The intent's entries not bound yet (bound ones stay, marked, until the gang is whole)."""
+    return {k for k, v in convert.bind_intent(pg).items() if not v.get("bound")}
 
 
 def _setup(names: list[str]) -> tuple[dict, dict, CycleResult]:
@@ -112,6 +128,9 @@ def test_a_refusal_midway_leaves_the_bound_pods_and_returns_the_rest() -> None:
     assert binder.apply_binds(result, pgs, pods) == 1
     assert binder.bound == ["a"] and set(binder.gave_up) == {"ns/b", "ns/c"}
     assert not convert.bind_intent(pgs["g"])
+    # the transaction is rolled back: no pod of the gang is left bound by it
+    assert binder.core.evicted == ["a"]  # type: ignore[attr-defined]
+    assert ("g", "BindRolledBack") in [(n, r) for n, r, _ in binder.events.emitted]  # type: ignore[attr-defined]
 
 
 def test_transient_faults_are_retried_with_back_off_and_never_given_up() -> None:
@@ -164,7 +183,8 @@ def test_gangs_resume_concurrently_each_on_its_own() -> None:
                      workers=4)
     assert binder.resume(pgs.values(), pods) == 16
     assert binder.bound_total == 16 and len(binder.resumed) == 16
-    assert set(convert.bind_intent(pgs["g2"])) == {"p2-1", "p2-2"}
+    assert unbound(pgs["g2"]) == {"p2-1", "p2-2"}
+    assert convert.bind_intent(pgs["g2"])["p2-0"]["bound"] is True  # kept for a rollback
 
 
 def test_gone_or_already_bound_pods_are_not_failures() -> None:
@@ -204,3 +224,86 @@ def test_a_refused_or_failed_eviction_is_reported_on_the_victim() -> None:
         assert binder.evict(_pod("victim"), "preempted", "preempt") is False
         (name, reason, message), = binder.events.emitted  # type: ignore[attr-defined]
         assert (name, reason) == ("victim", "EvictionRefused") and shown in message
+
+
+def _with_intent(pods: dict, pgs: dict, since: float, **entries: dict) -> None:
+    pgs["g"]["metadata"]["annotations"][convert.BIND_INTENT_ANNOTATION] = json.dumps(
+        {n: {"node": "n1", "since": since, **e} for n, e in entries.items()})
+
+
+def test_a_transaction_past_its_deadline_is_rolled_back() -> None:
+    import time
+
+    pods, pgs, _ = _setup(["a", "b"])
+    pods["ns/a"]["spec"]["nodeName"] = "n1"  # bound by the transaction
+    pods["ns/b"]["metadata"]["labels"] = {convert.GPU_GROUP_LABEL: "grp"}  # set up, not bound
+    binder = _Binder({})
+    _with_intent(pods, pgs, time.time() - 10, a={"bound": True}, b={})
+    assert binder.resume(pgs.values(), pods) == 1, "within its deadline it goes on"
+    pods, pgs, _ = _setup(["a", "b"])
+    pods["ns/a"]["spec"]["nodeName"] = "n1"
+    pods["ns/b"]["metadata"]["labels"] = {convert.GPU_GROUP_LABEL: "grp"}
+    pods["ns/b"]["spec"]["containers"] = [{"name": "main"}]
+    binder = _Binder({})
+    _with_intent(pods, pgs, time.time() - binder.config.bind_deadline_s - 1,
+                 a={"bound": True}, b={})
+    assert binder.resume(pgs.values(), pods) == 0 and binder.bound == []
+    assert binder.core.evicted == ["a"]  # type: ignore[attr-defined]
+    assert set(binder.gave_up) == {"ns/b"} and "not bound whole within 300s" in \
+        binder.gave_up["ns/b"]
+    assert binder.core.patched == [  # type: ignore[attr-defined]
+        ("b", {"metadata": {"labels": {convert.GPU_GROUP_LABEL: None}}})]
+    assert binder.core.deleted_configmaps == ["b-shared-gpu-0"]  # type: ignore[attr-defined]
+    assert not convert.bind_intent(pgs["g"])
+
+
+def test_a_gang_is_not_resumed_onto_a_node_that_is_gone() -> None:
+    import time
+
+    pods, pgs, _ = _setup(["a", "b"])
+    binder = _Binder({})
+    binder.nodes = {"n2": {"metadata": {"name": "n2"}}}
+    _with_intent(pods, pgs, time.time(), a={}, b={})
+    assert binder.resume(pgs.values(), pods) == 0 and binder.bound == []
+    assert "node n1, where a was to be bound, is gone" in binder.gave_up["ns/a"]
+    assert not convert.bind_intent(pgs["g"])
+
+
+def test_bound_entries_stay_marked_until_the_gang_is_whole() -> None:
+    import time
+
+    pods, pgs, _ = _setup(["a", "b"])
+    binder = _Binder({"b": ConnectionResetError("reset")}, retry_s=(0.0, 0.0))
+    _with_intent(pods, pgs, time.time(), a={}, b={})
+    binder.resume(pgs.values(), pods)
+    assert convert.bind_intent(pgs["g"])["a"]["bound"] is True and unbound(pgs["g"]) == {"b"}
+    pods["ns/a"]["spec"]["nodeName"] = "n1"
+    del binder.refuse["b"]
+    assert binder.resume(pgs.values(), pods) == 1
+    assert not convert.bind_intent(pgs["g"]), "whole: the transaction ends"
+    # a crash after the last bind but before the clean-up: the next leader ends it
+    _with_intent(pods, pgs, time.time(), a={"bound": True}, b={"bound": True})
+    assert binder.resume(pgs.values(), pods) == 0 and not convert.bind_intent(pgs["g"])
+
+
+def test_shared_gpu_set_up_only_over_the_pod_as_read() -> None:
+    from kai_ray.k8s.binder import StaleRead, is_transient
+
+    class _Conflicting(_Core):
+        def patch_namespaced_pod(self, name: str, ns: str, body: dict, **_: Any) -> None:
+            self.patched.append((name, body))
+            raise ApiException(status=409, reason="Conflict")
+
+    pod = _pod("a")
+    pod["metadata"]["resourceVersion"] = "41"
+    pod["spec"]["containers"] = [{"name": "main"}]
+    binder = _Binder({})
+    binder.core = _Conflicting()  # type: ignore[assignment]
+    bind = Bind(job="ns/g", namespace="ns", pod="a", node="n1", gpu_groups=("grp",),
+                gpu_portion=0.5)
+    with pytest.raises(StaleRead) as info:
+        binder._prepare_shared_gpu(pod, bind, ["GPU-1"])
+    assert is_transient(info.value)  # retried on the next cycle's view, never given up
+    (_, body), = binder.core.patched  # type: ignore[attr-defined]
+    assert body["metadata"]["resourceVersion"] == "41"
+    assert binder.core.deleted_configmaps == []  # type: ignore[attr-defined]

@@ -14,7 +14,7 @@ from kubernetes.client.rest import ApiException
 from kai_ray.controller.scheduler_loop import LoopConfig, SchedulerLoop
 from kai_ray.k8s import convert, rawapi
 from kai_ray.k8s.binder import MIN_LEASE_LEFT_S, Binder, BinderConfig, Fenced
-from tests.k8s.test_binder_faults import _Binder, _setup
+from tests.k8s.test_binder_faults import _Binder, _setup, unbound
 
 
 def test_no_lease_left_no_writes_and_the_intent_stays_for_the_next_leader() -> None:
@@ -26,7 +26,7 @@ def test_no_lease_left_no_writes_and_the_intent_stays_for_the_next_leader() -> N
         {n: {"node": "n1"} for n in ("a", "b", "c")})
     assert binder.resume(pgs.values(), pods) == 1
     assert binder.bound == ["a"] and binder.fenced == 1
-    assert set(convert.bind_intent(pgs["g"])) == {"b", "c"}, "left for the next leader"
+    assert unbound(pgs["g"]) == {"b", "c"}, "left for the next leader"
     assert not binder.gave_up and not binder._attempts and not binder._retry_at
     binder.fence = lambda: 0.0
     assert binder.apply_binds(result, pgs, pods) == 0 and binder.bound == ["a"]
