@@ -371,7 +371,8 @@ def test_binding_refused_by_a_policy(faults: Faults, ns: str) -> None:
                      "resourceRules": [{"apiGroups": [""], "apiVersions": ["v1"],
                                         "operations": ["CREATE"],
                                         "resources": ["pods/binding"]}]},
-                 "validations": [{"expression": "!object.metadata.name.startsWith('refused')",
+                 "validations": [{"expression": "!object.metadata.name.startsWith('refused') && "
+                                                "object.metadata.name != 'mixed-1'",
                                   "message": "bindings of refused-* pods are not allowed"}]}})
     adm.create_validating_admission_policy_binding({
         "metadata": {"name": policy},
@@ -410,6 +411,34 @@ def test_binding_refused_by_a_policy(faults: Faults, ns: str) -> None:
         assert before >= 1
         time.sleep(5)
         assert tries() == before, "tried again during its back-off"
+
+        # refused after a pod of its gang was bound: the transaction is rolled back, so no pod
+        # of the gang stays bound (the bound one is evicted: a bare pod is deleted with it)
+        gang(api, ns, "mixed", QUEUE, 2, gpus=1, node_selector={"kai-ray.io/pool": faults.pool})
+
+        def rolled_back() -> Any:
+            events = [e for e in core.list_namespaced_event(
+                ns, field_selector="involvedObject.name=mixed").items
+                if e.reason == "BindRolledBack"]
+            return events[0].message if events else None
+
+        message = wait_for("the mixed gang rolled back", rolled_back, timeout=60,
+                           detail=faults.log)
+        assert "the bind of mixed-1 was refused" in message, message
+
+        def none_bound() -> bool:
+            for i in range(2):
+                try:
+                    p = core.read_namespaced_pod(f"mixed-{i}", ns)
+                except ApiException as e:
+                    if e.status == 404:
+                        continue  # evicted
+                    raise
+                if p.spec.node_name and not p.metadata.deletion_timestamp:
+                    return False
+            return True
+
+        wait_for("no pod of the mixed gang bound", none_bound, timeout=30, detail=faults.log)
         faults.threads_alive()
         assert not faults.unhealthy_since(t0)
     finally:
