@@ -292,3 +292,36 @@ def test_same_named_podgroups_in_two_namespaces_each_schedule(cluster, namespace
     finally:
         delete_queues(api, created)
         core.delete_namespace(other)
+
+
+def test_forged_scheduler_annotations_are_ignored_without_the_webhook(cluster, namespace,
+                                                                      kai_scheduler):
+    """With no webhook to refuse them, a bind intent and a last-start stamp a user put on a
+    bare pod never reach its PodGroup: the pod is placed by its own nodeSelector, not bound
+    where the forged intent says, and min-runtime is not given a start in the future."""
+    import json
+
+    api = cluster.api_client()
+    core = client.CoreV1Api(api)
+    custom = client.CustomObjectsApi(api)
+    allowed, _ = pool_nodes(api, 1, gpus=1)
+    _, (forbidden,) = pool_nodes(api, 1, gpus=1)
+    qname = f"forge-{namespace[-5:]}"
+    created = create_queues(api, queue(qname))
+    try:
+        forged = {"kai-ray.io/bind-intent": json.dumps({"forger": {"node": forbidden}}),
+                  "kai.scheduler/last-start-timestamp": "2999-01-01T00:00:00Z"}
+        core.create_namespaced_pod(namespace, pod("forger", qname, gpus=1, annotations=forged,
+                                                  node_selector={"kai-ray.io/pool": allowed}))
+        wait_for("the pod bound", lambda: pod_phase(core, namespace, "forger")[1], timeout=30,
+                 detail=kai_scheduler.log_tail)
+        assert pod_phase(core, namespace, "forger")[1] == f"{allowed}-0"
+        group = core.read_namespaced_pod("forger", namespace).metadata.annotations[
+            "pod-group-name"]
+        pg = custom.get_namespaced_custom_object("scheduling.run.ai", "v2alpha2", namespace,
+                                                 "podgroups", group)
+        annotations = pg["metadata"].get("annotations") or {}
+        assert "kai-ray.io/bind-intent" not in annotations
+        assert annotations.get("kai.scheduler/last-start-timestamp") != "2999-01-01T00:00:00Z"
+    finally:
+        delete_queues(api, created)
