@@ -97,7 +97,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     api, events_api = api_clients(args, conn, file)
     # the loop's own client, of the same rate limit: /healthz reads when the API server last
     # answered the loop, which lease renewals, the grouper and the watches (on `api`) do not
-    loop_api = api.sibling()
+    # (no urllib3 retries: each would resend a write with a whole timeout, past the lease the
+    # write was fenced on; the loop tries again next cycle)
+    loop_api = api.sibling(retries=False)
     metrics = SchedulerMetrics()
     cache = ClusterCache(api, watch_timeout=max(1, round(timeouts.watch_s)),
                          connect_timeout=timeouts.connect_s)
@@ -105,6 +107,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                          on_cycle=lambda r: (metrics.record_cycle(r, r.action_seconds.get(
                              "cycle")), metrics.record_events(loop.events.stats())),
                          events_api=events_api)
+    loop_api.fence = loop.fence  # checked as each request is sent (kai_ray.k8s.fencing)
     worker: threading.Thread | None = None
     elector: LeaderElector | None = None
     extras: list[Any] = []

@@ -17,9 +17,10 @@ from kubernetes import client
 from kai_ray.core.model import ACTIVE_ALLOCATED, PodStatus, SchedulerConfig, Snapshot
 from kai_ray.core.result import CycleResult
 from kai_ray.core.schedule import describe_core, schedule
-from kai_ray.k8s.binder import MIN_LEASE_LEFT_S, Binder, BinderConfig
+from kai_ray.k8s.binder import Binder, BinderConfig
 from kai_ray.k8s.cache import ClusterCache
 from kai_ray.k8s.events import EventRecorder
+from kai_ray.k8s.fencing import MIN_LEASE_LEFT_S
 from kai_ray.k8s.status import StatusWriter
 from kai_ray.k8s.suspend import DEMAND_ANNOTATION, Suspender, wants_suspend
 

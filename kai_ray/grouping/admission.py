@@ -286,8 +286,17 @@ def validate_pod_update(old: Obj, new: Obj, config: GroupingConfig | None = None
     if problem := scheduler_owned_problem(new, old):
         return Verdict(False, problem)
     before, after = _annotations(old), _annotations(new)
-    if all(before.get(k) == after.get(k) for k in SHARING_ANNOTATIONS):
+    changed = [k for k in SHARING_ANNOTATIONS if before.get(k) != after.get(k)]
+    if not changed:
         return Verdict(True)
+    node = (old.get("spec") or {}).get("nodeName")
+    if node:
+        # its share of the device was set at bind time (its ConfigMap); the scheduler counts
+        # bound pods by these annotations, so a lower value would over-commit the device
+        m = new.get("metadata") or {}
+        return Verdict(False, f"pod {m.get('namespace')}/{m.get('name')} is bound to node "
+                              f"{node}: annotation {changed[0]} cannot change after binding "
+                              "(delete and recreate the pod to change its GPU share)")
     if problem := _sharing_problem(new, config, "update"):
         return Verdict(False, problem)
     return Verdict(True)

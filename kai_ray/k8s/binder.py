@@ -44,6 +44,7 @@ from kai_ray.grouping import admission
 from kai_ray.k8s import convert, rawapi
 from kai_ray.k8s.cache import PG_GROUP, PG_PLURAL, PG_VERSION
 from kai_ray.k8s.events import EventRecorder
+from kai_ray.k8s.fencing import MIN_LEASE_LEFT_S, Fenced, fenced_timeout
 from kai_ray.k8s.ratelimit import DEFAULT_TIMEOUT
 from kai_ray.k8s.status import not_scheduled
 
@@ -82,15 +83,6 @@ class BinderConfig:
     # rolled back: the pods it bound are evicted, the rest go back to Pending. Longer than
     # reservation_timeout_s, which a shared-GPU pod may legitimately wait.
     bind_deadline_s: float = 300.0
-
-
-# a write is made only with at least this much leadership left (see Binder.fence)
-MIN_LEASE_LEFT_S = 1.0
-
-
-class Fenced(RuntimeError):
-    """This replica may no longer lead (its lease is about to lapse, or it is stopping): no
-    more writes; the gang's intent is left for whoever leads next."""
 
 
 class StaleRead(RuntimeError):
@@ -147,13 +139,7 @@ class Binder:
     def write_timeout(self) -> tuple[float, float] | None:
         """The (connect, read) timeout of a fenced write; raises Fenced when too little
         leadership is left. None: no election, the client's own timeout."""
-        left = self.fence()
-        if left < MIN_LEASE_LEFT_S:
-            raise Fenced(f"{left:.1f}s of leadership left")
-        if math.isinf(left):
-            return None
-        connect, read = getattr(self.api, "timeout", DEFAULT_TIMEOUT)
-        return min(connect, left), min(read, left)
+        return fenced_timeout(self.fence, getattr(self.api, "timeout", DEFAULT_TIMEOUT))
 
     # ------------------------------------------------------------------ intents
     def _patch_pg_annotations(self, pg: Obj, annotations: Mapping[str, str | None],
@@ -172,16 +158,21 @@ class Binder:
         if version:  # a later guarded write of this cycle starts from this version
             m["resourceVersion"] = version
 
-    def write_intent(self, pg: Obj, binds: list[Bind], start: bool = False) -> None:
+    def write_intent(self, pg: Obj, binds: list[Bind], start: bool = False,
+                     pods: Mapping[str, Obj] | None = None) -> None:
         """`start`: the job starts with these binds; its last-start stamp is written with the
-        first bind that succeeds, in this cycle or (waiting for a reservation pod) a later one."""
+        first bind that succeeds, in this cycle or (waiting for a reservation pod) a later one.
+        Each entry names its pod's uid (from `pods`): a pod deleted and made again under the
+        same name is not the one decided on."""
         intent = convert.bind_intent(pg)
         now = round(time.time(), 3)
         for b in binds:
+            uid = ((pods or {}).get(f"{b.namespace}/{b.pod}") or {}).get(
+                "metadata", {}).get("uid")
             intent[b.pod] = {"node": b.node, "gpu_groups": list(b.gpu_groups),
                              "new_gpu_groups": list(b.new_gpu_groups),
                              "portion": b.gpu_portion, "memory_mib": b.gpu_memory_mib,
-                             "since": now}
+                             "since": now, **({"uid": uid} if uid else {})}
             if start:
                 intent[b.pod]["start"] = True
         self._patch_pg_annotations(pg, {convert.BIND_INTENT_ANNOTATION: json.dumps(intent)},
@@ -218,14 +209,20 @@ class Binder:
         binds, unreadable = [], []
         for name, v in intent.items():
             b = _intent_bind(convert.job_key(ns, pg["metadata"]["name"]), ns, name, v)
-            if b is None:
+            if b is None or not is_member(pg, pods.get(f"{ns}/{name}"), v):
                 unreadable.append(name)
             elif not v.get("bound"):
                 binds.append(b)
-        if unreadable:  # edited by hand? those pods go back to Pending
-            log.warning("PodGroup %s/%s: unreadable bind intent entries for %s dropped", ns,
-                        pg["metadata"]["name"], sorted(unreadable))
+        if unreadable:  # edited by hand, or its pod gone or made anew: never acted on
+            log.warning("PodGroup %s/%s: bind intent entries dropped (unreadable, or not a "
+                        "pod of this gang as decided): %s", ns, pg["metadata"]["name"],
+                        sorted(unreadable))
             self._settle_intent(pg, (), unreadable, {})
+        rolling = next((v["rollback"] for v in intent.values()
+                        if isinstance(v, dict) and v.get("rollback")), None)
+        if rolling:  # a rollback not finished (an eviction refused for now): go on with it
+            self._roll_back(pg, pods, str(rolling))
+            return 0
         if not binds and not unreadable:  # every entry bound: a crash came before the clean-up
             self._write_intent_value(pg, None, {})
             return 0
@@ -301,7 +298,7 @@ class Binder:
                                             "PodGroup", pg, stamp)
                 return done
             try:
-                self.write_intent(pg, binds, start=bool(stamp))
+                self.write_intent(pg, binds, start=bool(stamp), pods=pods)
             except Exception as e:  # refused, timed out, reset: next cycle
                 log.warning("PodGroup %s: bind intent not written (%s); skipping its binds",
                             job, getattr(e, "status", None) or f"{type(e).__name__}: {e}")
@@ -430,29 +427,55 @@ class Binder:
         """End the gang's transaction without it whole: the pods it bound are evicted (no pod
         of a gang left bound by a transaction that failed), those not bound lose the GPU-group
         labels and ConfigMap it gave them and go back to Pending with a back-off; an event on
-        the PodGroup says why. An eviction refused (a disruption budget) is left to the
-        stale-gang eviction, which evicts a gang below its minimum after its grace period."""
+        the PodGroup says why. Whether a pod is bound is read from the API server, not the
+        watch cache (a bind that timed out may have landed). Until every bound pod is evicted
+        the intent stays, its entries marked `rollback`, and each cycle goes on with it (a
+        disruption budget refusing now, a fault, a lost lease): never a gang left half bound
+        with no transaction."""
         m = pg["metadata"]
         ns = m["namespace"]
         intent = convert.bind_intent(pg)
         log.warning("PodGroup %s/%s: rolling back its binds: %s", ns, m["name"], why)
         with self._count_lock:  # bound by this call: `pods` (read before it) says Pending
             just_bound = {(b.namespace, b.pod) for b in self._bound_now}
+        left: dict[str, Any] = {}
         for name, entry in intent.items():
             pod = pods.get(f"{ns}/{name}")
-            if pod is None or (pod.get("metadata") or {}).get("deletionTimestamp"):
-                continue
-            if (pod.get("spec") or {}).get("nodeName") or (ns, name) in just_bound or (
-                    isinstance(entry, dict) and entry.get("bound")):
-                self.evict(pod, f"rolled back: {why}", "rollback")
-                continue
-            self._undo_shared_gpu(pod)
-            if f"{ns}/{name}" not in self.gave_up:
-                self._not_bound(pod, f"{why}; the gang's binds were rolled back and it is "
-                                "scheduled again after a back-off")
-        self._write_intent_value(pg, None, {})
-        self.events.emit(pg, "BindRolledBack", f"binds rolled back: {why}", kind="PodGroup",
-                         api_version=f"{PG_GROUP}/{PG_VERSION}", type_="Warning")
+            if not is_member(pg, pod, entry) or (pod or {}).get("metadata", {}).get(
+                    "deletionTimestamp"):
+                continue  # only pods of this gang, as decided, are ever evicted
+            assert pod is not None
+            bound = (pod.get("spec") or {}).get("nodeName") or (ns, name) in just_bound or (
+                isinstance(entry, dict) and entry.get("bound")) or self._bound_now_on_server(
+                pod)
+            if bound is None:  # could not tell: asked again next cycle
+                left[name] = {**entry, "rollback": why}
+            elif bound:
+                if self._evict(pod, f"rolled back: {why}", "rollback") == "not now":
+                    left[name] = {**entry, "bound": True, "rollback": why}
+            else:
+                self._undo_shared_gpu(pod)
+                if f"{ns}/{name}" not in self.gave_up:
+                    self._not_bound(pod, f"{why}; the gang's binds were rolled back and it "
+                                    "is scheduled again after a back-off")
+        self._write_intent_value(pg, json.dumps(left) if left else None, {})
+        self.events.emit(pg, "BindRolledBack", f"binds rolled back: {why}" + (
+            f" ({len(left)} pod(s) not evicted yet: tried again)" if left else ""),
+            kind="PodGroup", api_version=f"{PG_GROUP}/{PG_VERSION}", type_="Warning")
+
+    def _bound_now_on_server(self, pod: Obj) -> bool | None:
+        """Whether the API server has `pod` bound (None: it could not be asked)."""
+        m = pod["metadata"]
+        try:
+            fresh = rawapi.request_json(
+                self.api, "GET", f"/api/v1/namespaces/{m['namespace']}/pods/{m['name']}",
+                timeout=self.write_timeout())
+        except ApiException as e:
+            return False if e.status == 404 else None
+        except Exception:  # a fault, or fenced
+            return None
+        same = (fresh.get("metadata") or {}).get("uid") == m.get("uid")
+        return bool(same and (fresh.get("spec") or {}).get("nodeName"))
 
     def _undo_shared_gpu(self, pod: Obj) -> None:
         """Remove what `_prepare_shared_gpu` gave a pod that was not bound: its GPU-group
@@ -496,6 +519,10 @@ class Binder:
         for name in bound:
             if isinstance(pending.get(name), dict):
                 pending[name]["bound"] = True
+        if extra and convert.LAST_START_ANNOTATION in extra:
+            for v in pending.values():  # stamped once: later binds must not move the start
+                if isinstance(v, dict):
+                    v.pop("start", None)
         whole = all(isinstance(v, dict) and v.get("bound") for v in pending.values())
         self._write_intent_value(pg, None if whole else json.dumps(pending), extra)
 
@@ -797,30 +824,34 @@ class Binder:
 
     # ------------------------------------------------------------------ evictions
     def evict(self, pod: Obj, message: str, action: str) -> bool:
+        """Evict `pod`; True when the eviction was accepted."""
+        return self._evict(pod, message, action) == "evicted"
+
+    def _evict(self, pod: Obj, message: str, action: str) -> str:
+        """"evicted", "gone" (404) or "not now" (refused, fenced, a fault: decided again)."""
         m = pod["metadata"]
         body = client.V1Eviction(metadata=client.V1ObjectMeta(name=m["name"],
                                                               namespace=m["namespace"]))
         try:
             timeout = self.write_timeout()
-        except Fenced:
-            return False  # whoever leads next decides again
-        try:
             self.core.create_namespaced_pod_eviction(m["name"], m["namespace"], body,
                                                      _request_timeout=timeout)
+        except Fenced:
+            return "not now"  # whoever leads next decides again
         except ApiException as e:
             if e.status == 404:
-                return False
+                return "gone"
             # 429: a disruption budget says not now; 500: more than one budget covers the pod
             # (the eviction API refuses to choose). The next cycle decides again.
             self._eviction_refused(pod, f"{e.status} {e.reason}: {api_message(e)}")
-            return False
+            return "not now"
         except Exception as e:  # a reset or a timeout: this victim's outcome
             self._eviction_refused(pod, f"{type(e).__name__}: {e}")
-            return False
+            return "not now"
         reason = {"stalegangeviction": "Evicted", "rollback": "BindRolledBack"}.get(
             action, "Preempted")
         self.events.emit(pod, reason, message, dedupe=False)
-        return True
+        return "evicted"
 
 
     def _eviction_refused(self, pod: Obj, why: str) -> None:
@@ -863,6 +894,19 @@ def describe_error(e: BaseException) -> str:
     if isinstance(e, ApiException):
         return f"{e.status} {e.reason}: {api_message(e)}"
     return f"{type(e).__name__}: {e}"
+
+
+def is_member(pg: Obj, pod: Obj | None, entry: Any) -> bool:
+    """Whether `pod` is one the PodGroup's intent `entry` may act on: a pod of our scheduler,
+    of this gang (its pod-group-name annotation), the very pod decided on (the uid the entry
+    names, when it names one). An intent never binds or evicts any other pod."""
+    if pod is None or not convert.is_ours(pod):
+        return False
+    m = pod.get("metadata") or {}
+    if (m.get("annotations") or {}).get(convert.POD_GROUP_ANNOTATION) != pg["metadata"]["name"]:
+        return False
+    uid = entry.get("uid") if isinstance(entry, dict) else None
+    return not uid or uid == m.get("uid")
 
 
 def _intent_bind(job: str, namespace: str, name: str, v: Any) -> Bind | None:

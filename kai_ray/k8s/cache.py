@@ -355,7 +355,12 @@ class ClusterCache:
             if job is None:
                 continue
             jobs.append(job)
-            podgroups[job.name] = pg  # by job key: namespace and name
+            # by job key (namespace and name); a copy of what the binder updates in place
+            # (annotations, resourceVersion): the informer's object is shared with the pod
+            # grouper's thread, which must never see one half-updated
+            m = pg["metadata"]
+            podgroups[job.name] = {**pg, "metadata": {**m, "annotations": dict(
+                m.get("annotations") or {})}}
         for members in by_group.values():  # pods of ours whose PodGroup is missing
             for pod in members:
                 _count_foreign(foreign, pod, problems)

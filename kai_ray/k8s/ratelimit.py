@@ -13,6 +13,8 @@ from typing import Any
 from kubernetes import client
 from urllib3.util.retry import Retry
 
+from kai_ray.k8s.fencing import Fence, fenced_timeout
+
 DEFAULT_QPS = 50.0  # kube-scheduler's defaults (KubeSchedulerConfiguration.clientConnection)
 DEFAULT_BURST = 100
 
@@ -78,15 +80,20 @@ class RateLimitedApiClient(client.ApiClient):
         self.timeout = timeout
         if retries is not None:  # this client's pools only: the Configuration is shared
             self.rest_client.pool_manager.connection_pool_kw["retries"] = Retry.from_int(retries)
+        # the scheduling loop's client is fenced on its leadership (kai_ray.k8s.fencing): no
+        # request is sent with less than MIN_LEASE_LEFT_S left, and none outlasts what is left
+        self.fence: Fence | None = None
         # when the API server last answered a request of this client (monotonic): a long
         # cycle that still gets answers is working, one that gets none is wedged
         self.last_answer = time.monotonic()
 
-    def sibling(self) -> RateLimitedApiClient:
+    def sibling(self, retries: bool | int | None = None) -> RateLimitedApiClient:
         """A client of the same configuration, limiter (one rate limit for both) and timeout,
         with its own connections and its own `last_answer`: the scheduling loop's, so that
-        /healthz hears of answers to the loop's requests, not to lease renewals or watches."""
-        twin = RateLimitedApiClient(self.configuration, self.limiter, self.timeout)
+        /healthz hears of answers to the loop's requests, not to lease renewals or watches.
+        `retries` as for the constructor."""
+        twin = RateLimitedApiClient(self.configuration, self.limiter, self.timeout,
+                                    retries=retries)
         twin.default_headers = dict(self.default_headers)
         twin.cookie = self.cookie
         return twin
@@ -95,11 +102,23 @@ class RateLimitedApiClient(client.ApiClient):
                  post_params: Any = None, _request_timeout: Any = None) -> Any:
         if self.limiter is not None:
             self.limiter.take()
-        response = super().call_api(method, url, header_params, body, post_params,
-                                    _request_timeout or self.timeout)
+        timeout = _request_timeout or self.timeout
+        if self.fence is not None:
+            # checked here, after the wait for a token, the last moment before sending: a
+            # write checked earlier could otherwise go out after the lease ran out
+            limited = fenced_timeout(self.fence, _pair(timeout))
+            timeout = limited if limited is not None else timeout
+        response = super().call_api(method, url, header_params, body, post_params, timeout)
         if "watch=true" not in url:  # a watch opening says nothing of the loop's writes
             self.last_answer = time.monotonic()
         return response
+
+
+def _pair(timeout: Any) -> tuple[float, float]:
+    """A request timeout as (connect, read): one number is both."""
+    if isinstance(timeout, int | float):
+        return float(timeout), float(timeout)
+    return float(timeout[0]), float(timeout[1])
 
 
 def validate(qps: object, burst: object, qps_name: str = "kube-api-qps",

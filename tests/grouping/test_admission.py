@@ -388,3 +388,19 @@ def test_update_not_touching_gpu_sharing_passes_even_if_the_pod_predates_the_rul
     other = _pod({"gpu-fraction": "0.5"}, scheduler="default-scheduler")
     assert validate_pod_update(other, updated(other, **{"gpu-fraction": "7",
                                                         BIND_INTENT: "{}"})).allowed
+
+
+def test_a_bound_pods_gpu_share_cannot_change() -> None:
+    """Lowering (or removing) gpu-fraction on a running pod would let the scheduler place more
+    on a device whose ConfigMap still gives this pod its old share."""
+    old = {"metadata": {"name": "p", "namespace": "ns", "annotations": {"gpu-fraction": "0.9"}},
+           "spec": {"schedulerName": "kai-scheduler", "nodeName": "n1",
+                    "containers": [{"name": "main"}]}}
+    for edited in ({"gpu-fraction": "0.1"}, {}):
+        new = {**old, "metadata": {**old["metadata"], "annotations": edited}}
+        verdict = validate_pod_update(old, new)
+        assert not verdict.allowed and "bound to node n1" in verdict.message
+        assert "gpu-fraction cannot change after binding" in verdict.message
+    unbound = {**old, "spec": {**old["spec"], "nodeName": None}}
+    new = {**unbound, "metadata": {**old["metadata"], "annotations": {"gpu-fraction": "0.1"}}}
+    assert validate_pod_update(unbound, new).allowed

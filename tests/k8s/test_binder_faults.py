@@ -62,6 +62,8 @@ class _Binder(Binder):
         self.bound: list[str] = []
         self.tries: list[str] = []
         self.patches: list[dict] = []
+        self.server_bound: set[str] = set()
+        self.unreadable_now: set[str] = set()
 
     def _bind(self, pod: dict, node: str) -> None:
         name = pod["metadata"]["name"]
@@ -70,13 +72,21 @@ class _Binder(Binder):
             raise self.refuse[name]
         self.bound.append(name)
 
+    def _bound_now_on_server(self, pod: dict) -> bool | None:
+        """What a fresh read of the pod says: `server_bound` names pods bound there (a bind
+        that timed out but landed), `unreadable_now` those that cannot be read now."""
+        name = pod["metadata"]["name"]
+        return None if name in self.unreadable_now else name in self.server_bound
+
     def _patch_pg_annotations(self, pg: dict, annotations: Any, guarded: bool = False) -> None:
         self.patches.append(dict(annotations))
 
 
-def _pod(name: str) -> dict:
-    return {"metadata": {"name": name, "namespace": "ns", "uid": name}, "spec": {},
-            "status": {"phase": "Pending"}}
+def _pod(name: str, group: str = "g") -> dict:
+    """A pending pod of our scheduler in PodGroup `group` (an intent acts only on those)."""
+    return {"metadata": {"name": name, "namespace": "ns", "uid": name,
+                         "annotations": {convert.POD_GROUP_ANNOTATION: group}},
+            "spec": {"schedulerName": convert.SCHEDULER_NAME}, "status": {"phase": "Pending"}}
 
 
 def unbound(pg: dict) -> set[str]:
@@ -176,7 +186,7 @@ def test_gangs_resume_concurrently_each_on_its_own() -> None:
     pgs: dict = {}
     for g in range(6):
         names = [f"p{g}-{i}" for i in range(3)]
-        pods.update({f"ns/{n}": _pod(n) for n in names})
+        pods.update({f"ns/{n}": _pod(n, f"g{g}") for n in names})
         pgs[f"g{g}"] = {"metadata": {"name": f"g{g}", "namespace": "ns", "annotations": {
             convert.BIND_INTENT_ANNOTATION: json.dumps({n: {"node": "n1"} for n in names})}}}
     binder = _Binder({"p2-1": ApiException(status=422, reason="Invalid")}, attempts=5,
@@ -307,3 +317,76 @@ def test_shared_gpu_set_up_only_over_the_pod_as_read() -> None:
     (_, body), = binder.core.patched  # type: ignore[attr-defined]
     assert body["metadata"]["resourceVersion"] == "41"
     assert binder.core.deleted_configmaps == []  # type: ignore[attr-defined]
+
+
+def test_an_intent_acts_only_on_the_pods_of_its_gang_as_decided() -> None:
+    """A forged or stale entry never binds, nor has evicted, a pod that is not this gang's
+    (another scheduler's, another PodGroup's, or one made anew under the same name)."""
+    import time
+
+    pods, pgs, _ = _setup(["a"])
+    pods["ns/foreign"] = {**_pod("foreign"), "spec": {"schedulerName": "default-scheduler"}}
+    pods["ns/other"] = _pod("other", group="someone-else")
+    pods["ns/victim"] = {**_pod("victim", group="someone-else"),
+                         "spec": {"schedulerName": convert.SCHEDULER_NAME, "nodeName": "n1"}}
+    pods["ns/renewed"] = _pod("renewed")
+    binder = _Binder({})
+    _with_intent(pods, pgs, 0.0, a={"uid": "a"}, foreign={}, other={}, victim={"bound": True},
+                 renewed={"uid": "the-old-one"}, ghost={})
+    binder.resume(pgs.values(), pods)
+    # past its deadline (since 0): rolled back, but only its own pod a was ever touched
+    assert binder.bound == [] and binder.core.evicted == []  # type: ignore[attr-defined]
+    assert set(binder.gave_up) == {"ns/a"} and not convert.bind_intent(pgs["g"])
+    _with_intent(pods, pgs, time.time(), a={"uid": "a"}, foreign={}, other={},
+                 renewed={"uid": "the-old-one"})
+    binder = _Binder({})
+    assert binder.resume(pgs.values(), pods) == 1 and binder.bound == ["a"]
+
+
+def test_a_rollback_asks_the_api_server_and_finishes_over_cycles() -> None:
+    """A pod the cache shows Pending but the API server has bound (a bind that timed out and
+    landed) is evicted, not told it is Pending; a pod that cannot be read now, or whose
+    eviction a disruption budget refuses, keeps the rollback going next cycle."""
+    pods, pgs, _ = _setup(["landed", "unsure", "guarded", "pending"])
+    pods["ns/guarded"]["spec"]["nodeName"] = "n1"
+    binder = _Binder({})
+    binder.server_bound = {"landed"}
+    binder.unreadable_now = {"unsure"}
+    refusing = ApiException(status=429, reason="Too Many Requests")
+    evicted: list[str] = []
+
+    def evict(name: str, ns: str, body: Any, **_: Any) -> None:
+        if name == "guarded":
+            raise refusing
+        evicted.append(name)
+
+    binder.core.create_namespaced_pod_eviction = evict  # type: ignore[attr-defined]
+    _with_intent(pods, pgs, 0.0, landed={}, unsure={}, guarded={"bound": True}, pending={})
+    binder.resume(pgs.values(), pods)
+    assert evicted == ["landed"]
+    assert set(binder.gave_up) == {"ns/pending"}
+    left = convert.bind_intent(pgs["g"])
+    assert set(left) == {"unsure", "guarded"} and all(v["rollback"] for v in left.values())
+    # next cycle: the budget allows it, the pod can be read (not bound): the rollback ends
+    refusing.status = 0
+    binder.unreadable_now = set()
+    binder.core.create_namespaced_pod_eviction = (  # type: ignore[attr-defined]
+        lambda name, *a, **k: evicted.append(name))
+    binder.resume(pgs.values(), pods)
+    assert evicted == ["landed", "guarded"] and "ns/unsure" in binder.gave_up
+    assert not convert.bind_intent(pgs["g"])
+
+
+def test_the_start_is_stamped_once_not_with_every_later_bind() -> None:
+    import time
+
+    pods, pgs, _ = _setup(["a", "b"])
+    binder = _Binder({"b": ConnectionResetError("reset")}, retry_s=(0.0, 0.0))
+    _with_intent(pods, pgs, time.time(), a={"start": True}, b={"start": True})
+    binder.resume(pgs.values(), pods)
+    stamps = [p for p in binder.patches if convert.LAST_START_ANNOTATION in p]
+    assert len(stamps) == 1 and not any(
+        v.get("start") for v in convert.bind_intent(pgs["g"]).values())
+    del binder.refuse["b"]
+    binder.resume(pgs.values(), pods)  # b binds later: the start stays when a began
+    assert len([p for p in binder.patches if convert.LAST_START_ANNOTATION in p]) == 1

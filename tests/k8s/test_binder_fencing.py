@@ -13,7 +13,8 @@ from kubernetes.client.rest import ApiException
 
 from kai_ray.controller.scheduler_loop import LoopConfig, SchedulerLoop
 from kai_ray.k8s import convert, rawapi
-from kai_ray.k8s.binder import MIN_LEASE_LEFT_S, Binder, BinderConfig, Fenced
+from kai_ray.k8s.binder import Binder, BinderConfig
+from kai_ray.k8s.fencing import MIN_LEASE_LEFT_S, Fenced
 from tests.k8s.test_binder_faults import _Binder, _setup, unbound
 
 

@@ -297,3 +297,26 @@ def test_reservation_settings_reach_the_binder(tmp_path: Path) -> None:
     binder = load_config(str(cfg)).binder
     assert (binder.reservation_image, binder.reservation_timeout_s,
             binder.reservation_service_account) == ("kai:1", 7.0, "r")
+
+
+def test_a_fenced_client_checks_the_lease_after_waiting_for_a_token(server: str) -> None:
+    """The loop's client checks its fence as each request is sent, after any wait for a
+    token: a request checked earlier must not go out once the lease ran out meanwhile."""
+    from kai_ray.k8s.fencing import Fenced
+
+    bucket = TokenBucket(qps=10, burst=1)
+    loop = _client(server, bucket).sibling(retries=False)
+    left = [5.0]
+
+    def fence() -> float:
+        return left[0]
+
+    loop.fence = fence
+    core = client.CoreV1Api(loop)
+    core.read_namespace("x", _preload_content=False)  # with time left: sent
+    sent = len(_Counting.hits)
+    left[0] = 0.5  # the lease ran out while the next request waited for its token
+    with pytest.raises(Fenced):
+        core.read_namespace("x", _preload_content=False)
+    assert len(_Counting.hits) == sent, "a request went out without leadership"
+    assert bucket.taken == 2  # it did wait for its token first

@@ -8,6 +8,12 @@ from kai_ray.core.model import PodStatus
 from kai_ray.core.state import JobError, JobState, Session, Task
 
 
+def job_label(namespace: str, name: str) -> str:
+    """A job as messages name it: `namespace/name`, or its name alone when that is already a
+    job key (`namespace/name`, as kai-ray run's watch cache names jobs)."""
+    return name if "/" in name else f"{namespace}/{name}"
+
+
 def record_error(sess: Session, job: JobState, reason: str, message: str,
                  fit: dict[str, int] | None = None) -> None:
     sess.job_errors[job.name] = JobError(reason, message, fit)

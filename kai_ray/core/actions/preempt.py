@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from kai_ray.core.actions.allocate import schedulable_jobs
+from kai_ray.core.actions.common import job_label
 from kai_ray.core.actions.runtime import protected
 from kai_ray.core.actions.solver import FailedJobs, Solver, VictimCache
 from kai_ray.core.capacity import check_non_preemptible, job_level_request
@@ -13,7 +14,7 @@ from kai_ray.core.state import JobState, Session, Task
 
 def _message(task: Task, preemptor: JobState) -> str:
     return (f"Pod {task.namespace}/{task.name} was preempted by higher priority workload "
-            f"{preemptor.namespace}/{preemptor.name}")
+            f"{job_label(preemptor.namespace, preemptor.name)}")
 
 
 def run(sess: Session) -> None:

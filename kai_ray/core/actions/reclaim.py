@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 
 from kai_ray.core.actions.allocate import schedulable_jobs
+from kai_ray.core.actions.common import job_label
 from kai_ray.core.actions.runtime import protected
 from kai_ray.core.actions.solver import FailedJobs, Solver, VictimCache
 from kai_ray.core.ordering import JobQueue, job_request
@@ -137,7 +138,7 @@ def _message(sess: Session, task: Task, reclaimer: JobState) -> str:
         vq = sess.queues.get(vq.parent or "", vq)
         rq = sess.queues.get(rq.parent or "", rq)
     lines = [f"Pod {task.namespace}/{task.name} was preempted by workload "
-             f"{reclaimer.namespace}/{reclaimer.name}."]
+             f"{job_label(reclaimer.namespace, reclaimer.name)}."]
     for q in (vq, rq):
         lines.append(f"{q.name} uses <{_fmt_res(q.allocated)}> with a quota of "
                      f"<{_fmt_res(q.deserved)}>, fair-share of <{_fmt_res(q.fair_share)}> and "

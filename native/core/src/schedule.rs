@@ -266,8 +266,10 @@ fn evict_message(
         EvictMessage::Preempt => {
             let p = &sess.jobs[preemptor.expect("a preemptor")];
             format!(
-                "Pod {}/{} was preempted by higher priority workload {}/{}",
-                t.namespace, t.name, p.namespace, p.name
+                "Pod {}/{} was preempted by higher priority workload {}",
+                t.namespace,
+                t.name,
+                job_label(&p.namespace, &p.name)
             )
         }
         EvictMessage::Reclaim => {
@@ -279,8 +281,10 @@ fn evict_message(
                 rq = sess.queues[rq].parent_id.unwrap_or(rq);
             }
             let mut lines = vec![format!(
-                "Pod {}/{} was preempted by workload {}/{}.",
-                t.namespace, t.name, p.namespace, p.name
+                "Pod {}/{} was preempted by workload {}.",
+                t.namespace,
+                t.name,
+                job_label(&p.namespace, &p.name)
             )];
             for q in [vq, rq] {
                 let q = &sess.queues[q];
@@ -350,4 +354,14 @@ fn job_statuses(sess: &mut Session) -> Vec<JobStatus> {
         out.push(JobStatus { job, reason, message, pending, fit });
     }
     out
+}
+
+/// A job as messages name it: `namespace/name`, or its name alone when that is already a job
+/// key (`namespace/name`, as kai-ray run's watch cache names jobs).
+fn job_label(namespace: &str, name: &str) -> String {
+    if name.contains('/') {
+        name.to_string()
+    } else {
+        format!("{namespace}/{name}")
+    }
 }
