@@ -161,6 +161,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                       lambda: log.info("lost leadership"))
         is_leader = elector.is_leader
         loop.lease_left = elector.lease_left  # every write is fenced on it
+        loop.leader_epoch = lambda: elector.transitions
     log.info("kai-ray scheduler running (cycle every %.1fs)", loop_config.period_s)
     worker = threading.Thread(target=loop.run, args=(is_leader,), name="scheduler-loop",
                               daemon=True)

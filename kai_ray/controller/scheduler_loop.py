@@ -86,12 +86,20 @@ class SchedulerLoop:
         # seconds this replica surely leads (the elector's lease_left; no election: forever):
         # each step of a cycle, and each bind and eviction, writes only with time left
         self.lease_left: Callable[[], float] = lambda: math.inf
+        # times this replica became leader (the elector's `transitions`): a cycle decided
+        # under one leadership writes nothing once another began (lost and won back meanwhile,
+        # another leader may have bound in between)
+        self.leader_epoch: Callable[[], int] = lambda: 0
+        self._cycle_epoch = 0
         self.binder.fence = self.fence
 
     def fence(self) -> float:
         """Seconds of writing left: none once stopping (SIGTERM: the lease is released only
-        after the loop stopped), else the lease's."""
-        return 0.0 if self.stopping.is_set() else self.lease_left()
+        after the loop stopped) or once the leadership the cycle began under ended, else the
+        lease's."""
+        if self.stopping.is_set() or self.leader_epoch() != self._cycle_epoch:
+            return 0.0
+        return self.lease_left()
 
     # ------------------------------------------------------------------ snapshot
     def _apply_assumed(self, snapshot: Snapshot, pods: dict[str, Obj]) -> Snapshot:
@@ -333,6 +341,7 @@ class SchedulerLoop:
             started = time.monotonic()
             if is_leader is None or is_leader():
                 self.cycle_started = started
+                self._cycle_epoch = self.leader_epoch()
                 try:
                     self.cycle()
                 except Exception as e:  # one bad cycle must not stop scheduling

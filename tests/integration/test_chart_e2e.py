@@ -266,6 +266,7 @@ SCHEDULER_CAN = [
     ("create", "pods:binding", None, True), ("create", "pods:eviction", None, True),
     ("patch", "pods:status", None, True), ("list", "nodes", None, True),
     ("create", "configmaps", "team-a", True), ("update", "configmaps", "team-a", True),
+    ("delete", "configmaps", "team-a", True),  # a rolled-back pod's shared-GPU ConfigMap
     ("create", "events", None, True), ("get", "namespaces", None, True),
     ("create", "podgroups.scheduling.run.ai", None, True),
     ("patch", "podgroups.scheduling.run.ai:status", None, True),
@@ -279,7 +280,7 @@ SCHEDULER_CAN = [
     # and not
     ("create", "pods", "team-a", False), ("delete", "pods", "team-a", False),
     ("get", "secrets", NS, False), ("list", "secrets", None, False),
-    ("get", "configmaps", "team-a", False), ("delete", "configmaps", "team-a", False),
+    ("get", "configmaps", "team-a", False),
     ("update", "leases.coordination.k8s.io/other-lease", NS, False),
     ("create", "leases.coordination.k8s.io", "kube-system", False),
     ("create", "queues.scheduling.run.ai", None, False),
@@ -310,6 +311,42 @@ def test_service_accounts_can_and_cannot(plane: ControlPlane,
                 wrong.append(f"{sa}: {verb} {resource} in {namespace or 'all namespaces'}: "
                              f"expected {'yes' if allowed else 'no'}")
     assert not wrong, "\n".join(wrong)
+
+
+def test_only_the_scheduler_writes_its_annotations_on_podgroups(
+        plane: ControlPlane, sa_kubeconfigs: dict[str, Path], ns: str) -> None:
+    """The chart's ValidatingAdmissionPolicy: anyone but the scheduler's ServiceAccount (here
+    the plane's admin) may not set or change the bind intent or the scheduler's timestamps on
+    a PodGroup; the scheduler may, and other edits pass."""
+    admin = client.CustomObjectsApi(plane.api_client())
+    sched = client.CustomObjectsApi(config.new_client_from_config(
+        str(sa_kubeconfigs[SCHEDULER_SA])))
+
+    def podgroup(name: str, annotations: dict[str, str]) -> dict[str, Any]:
+        return {"apiVersion": "scheduling.run.ai/v2alpha2", "kind": "PodGroup",
+                "metadata": {"name": name, "annotations": annotations},
+                "spec": {"queue": "default-queue", "minMember": 1}}
+
+    forged = {"kai-ray.io/bind-intent": json.dumps({"p": {"node": "any"}})}
+    with pytest.raises(ApiException) as info:
+        admin.create_namespaced_custom_object(*PG[:2], ns, PG[2], podgroup("forged", forged))
+    assert info.value.status == 403, info.value.body
+    assert ("annotation kai-ray.io/bind-intent on a PodGroup is written only by the kai-ray "
+            "scheduler") in info.value.body
+    admin.create_namespaced_custom_object(*PG[:2], ns, PG[2], podgroup("plain", {"a": "b"}))
+    for key, value in (("kai.scheduler/last-start-timestamp", "2999-01-01T00:00:00Z"),
+                       ("kai-ray.io/bind-intent", "{}")):
+        with pytest.raises(ApiException) as info:
+            admin.patch_namespaced_custom_object(
+                *PG[:2], ns, PG[2], "plain", {"metadata": {"annotations": {key: value}}})
+        assert info.value.status == 403 and key in info.value.body, info.value.body
+    # the scheduler writes them; others may then edit the PodGroup around them, or remove them
+    sched.patch_namespaced_custom_object(*PG[:2], ns, PG[2], "plain", {"metadata": {
+        "annotations": {"kai-ray.io/bind-intent": "{}"}}})
+    admin.patch_namespaced_custom_object(*PG[:2], ns, PG[2], "plain", {"metadata": {
+        "annotations": {"note": "x"}}})
+    admin.patch_namespaced_custom_object(*PG[:2], ns, PG[2], "plain", {"metadata": {
+        "annotations": {"kai-ray.io/bind-intent": None}}})
 
 
 # ------------------------------------------------------------------------------ scheduling

@@ -96,3 +96,17 @@ def test_a_stopping_loop_fences_its_own_writes() -> None:
     assert loop.binder.fence() == 0.0
     assert loop._step("status", "skipped", lambda: ran.append("y")) == "skipped"
     assert ran == ["x"]
+
+
+def test_a_cycle_writes_nothing_once_its_leadership_ended() -> None:
+    """Lost and won back within one cycle: another leader may have bound meanwhile, so the
+    rest of a cycle decided under the old leadership is not written."""
+    loop = SchedulerLoop(client.ApiClient(client.Configuration()), object(),  # type: ignore[arg-type]
+                         LoopConfig())
+    epoch = [3]
+    loop.leader_epoch = lambda: epoch[0]
+    loop.lease_left = lambda: 9.0
+    loop._cycle_epoch = loop.leader_epoch()  # as run() does at the start of each cycle
+    assert loop.fence() == 9.0
+    epoch[0] = 4
+    assert loop.fence() == 0.0 and loop.binder.fence() == 0.0
