@@ -340,6 +340,15 @@ def test_only_the_scheduler_writes_its_annotations_on_podgroups(
             admin.patch_namespaced_custom_object(
                 *PG[:2], ns, PG[2], "plain", {"metadata": {"annotations": {key: value}}})
         assert info.value.status == 403 and key in info.value.body, info.value.body
+    # nor on a workload whose annotations the pod grouper reads
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {
+        "name": "forger", "annotations": {"kai-ray.io/bind-intent": "{}"}},
+        "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [
+            {"name": "main", "image": "busybox"}]}}}}
+    with pytest.raises(ApiException) as info:
+        client.BatchV1Api(plane.api_client()).create_namespaced_job(ns, job)
+    assert ("annotation kai-ray.io/bind-intent on a Job is written only by the kai-ray "
+            "scheduler") in info.value.body, info.value.body
     # the scheduler writes them; others may then edit the PodGroup around them, or remove them
     sched.patch_namespaced_custom_object(*PG[:2], ns, PG[2], "plain", {"metadata": {
         "annotations": {"kai-ray.io/bind-intent": "{}"}}})
