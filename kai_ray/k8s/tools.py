@@ -9,7 +9,7 @@ print is what the scheduler computes, not a re-implementation:
 - explain: one full cycle of `schedule()` on the snapshot gives the job's reason and message, the
   per-predicate node counts and the quota arithmetic, to which the live status (the PodGroup's
   scheduling condition, the pod's PodScheduled condition) is added;
-- snapshot: the same snapshot written as a scenario file (shared/scenarios/FORMAT.md plus the
+- snapshot: the same snapshot written as a scenario file (docs/scenario-format.md plus the
   optional live fields of kai_ray/sim/scenario.py) that `kai-ray simulate` replays.
 """
 

@@ -1,4 +1,4 @@
-"""Scenario files (shared/scenarios/FORMAT.md, v1): parse, validate, and build core snapshots.
+"""Scenario files (docs/scenario-format.md, v1): parse, validate, and build core snapshots.
 
 Unknown fields are errors (a scenario that uses something we do not model must fail loudly, not
 pass by ignoring it).
