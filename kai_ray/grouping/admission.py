@@ -1,4 +1,4 @@
-"""Pod admission for GPU sharing, as KAI's webhook does it (kai-spec §8), without I/O.
+"""Pod admission for GPU sharing, as KAI's webhook does it, without I/O.
 
 ``validate_pod(pod, config=None, queues=None, namespace_labels=None) -> Verdict``
     Pods whose ``spec.schedulerName`` is not ours are allowed untouched. Otherwise, in order:

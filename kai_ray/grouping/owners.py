@@ -1,4 +1,4 @@
-"""Top-owner resolution as a pure step (KAI podgrouper rules, kai-spec §3 steps 1-2).
+"""Top-owner resolution as a pure step (KAI's podgrouper rules).
 
 ``resolve_top_owner(pod, get_owner) -> Owners``
 

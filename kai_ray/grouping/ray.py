@@ -1,4 +1,4 @@
-"""Gang sizes of a RayCluster, as KAI's Ray grouper computes them (kai-spec §3).
+"""Gang sizes of a RayCluster, as KAI's Ray grouper computes them.
 
 ``ray_gang(cluster) -> RayGang``: ``min_member`` = 1 (head) + Σ over worker groups of the
 group minimum, and one subgroup per counted group after ``headgroup`` (minMember 1).

@@ -1,4 +1,4 @@
-"""Updating an existing PodGroup as KAI's podgrouper does (kai-spec §3 step 4), and resizing a
+"""Updating an existing PodGroup as KAI's podgrouper does, and resizing a
 Ray gang when its RayCluster changes.
 
 ``podgroup_update(existing, desired, config=None) -> dict | None``: the object to write back

@@ -10,7 +10,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-# Set by the binder (KAI's names, see kai-spec §8).
+# Set by the binder (KAI's names).
 GPU_PORTION = "GPU_PORTION"
 RUNAI_NUM_OF_GPUS = "RUNAI_NUM_OF_GPUS"  # KAI's deprecated twin of GPU_PORTION
 NVIDIA_VISIBLE_DEVICES = "NVIDIA_VISIBLE_DEVICES"
