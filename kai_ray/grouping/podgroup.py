@@ -1,4 +1,4 @@
-"""The PodGroup KAI's podgrouper builds for a pod, per top-owner kind (kai-spec §2-§4).
+"""The PodGroup KAI's podgrouper builds for a pod, per top-owner kind.
 
 ``should_group(pod, config) -> bool``: the pod is for our scheduler and not pre-grouped (a pod with
 ``pod-group-name`` and no owners was grouped by its author).
