@@ -132,10 +132,13 @@ class Pod:
 @dataclass(frozen=True, slots=True)
 class SubGroup:
     name: str
+    # 0: every pod of the subgroup is elastic (an autoscaled Ray group with minReplicas 0)
     min_member: int
     # pods per replica (Pod.replica) in this subgroup: a replica above the minimum is placed only
     # once all its pods exist (KubeRay creates a multi-host replica's pods one by one)
     replica_size: int = 1
+    # see Job.admitted_min_member
+    admitted_min_member: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,6 +157,10 @@ class Job:
     stale_since: float | None = None
     last_start: float | None = None
     uid: str = ""
+    # The lowest minimum this run of the gang had before a spec change raised min_member (None:
+    # not raised since it started). A running gang is stale below it, not below min_member:
+    # members it was never asked to have when it was placed are not members lost.
+    admitted_min_member: int | None = None
 
     @property
     def is_preemptible(self) -> bool:

@@ -111,12 +111,18 @@ class Task:
 
 class PodSet:
     # plain classes here and below: mypyc compiles their `__init__`, a dataclass's runs as Python
-    __slots__ = ("min_member", "name", "replica_size", "tasks")
+    __slots__ = ("min_member", "name", "replica_size", "stale_min", "tasks")
 
     def __init__(self, name: str, min_member: int, tasks: list[Task] | None = None,
-                 replica_size: int = 1) -> None:
+                 replica_size: int = 1, admitted: int | None = None) -> None:
         self.name, self.min_member, self.replica_size = name, min_member, replica_size
+        # fewer members than this running: stale (see Job.admitted_min_member)
+        self.stale_min = min_member if admitted is None else min(min_member, max(admitted, 0))
         self.tasks: list[Task] = tasks if tasks is not None else []
+
+    def fill_ratio(self) -> float:
+        """Active members per member of the minimum (a minimum of 0 counts as 1)."""
+        return self.active_count() / max(self.min_member, 1)
 
     def active_count(self) -> int:
         return sum(1 for t in self.tasks if t.status in ACTIVE_ALLOCATED)
@@ -160,11 +166,14 @@ class JobState:
         self.requested: dict[bool, tuple[int, tuple[float, float, float]]] | None = None
         self.uses_subgroups = bool(job.subgroups)
         if job.subgroups:
-            self.podsets = {sg.name: PodSet(sg.name, max(sg.min_member, 1),
-                                            replica_size=max(sg.replica_size, 1))
+            # a subgroup's minimum may be 0 (all elastic); the job's own is at least 1
+            self.podsets = {sg.name: PodSet(sg.name, max(sg.min_member, 0),
+                                            replica_size=max(sg.replica_size, 1),
+                                            admitted=sg.admitted_min_member)
                             for sg in job.subgroups}
         else:
-            self.podsets = {"default": PodSet("default", max(job.min_member, 1))}
+            self.podsets = {"default": PodSet("default", max(job.min_member, 1),
+                                              admitted=job.admitted_min_member)}
 
     def __repr__(self) -> str:
         return f"JobState({self.name})"
@@ -246,7 +255,7 @@ class JobState:
                 out.extend(pending[: ps.min_member - ps.active_count()])
             return out
         candidates = [ps for ps in self.ordered_podsets() if any(allocatable(t) for t in ps.tasks)]
-        for ps in sorted(candidates, key=lambda ps: (ps.active_count() / ps.min_member, ps.name)):
+        for ps in sorted(candidates, key=lambda ps: (ps.fill_ratio(), ps.name)):
             unit = _next_elastic_unit(ps, sorted((t for t in ps.tasks if allocatable(t)),
                                                  key=Task.sort_key))
             if unit:

@@ -30,6 +30,14 @@ RAY_GROUP_LABEL = "ray.io/group"
 RAY_HEAD_GROUP = "headgroup"
 # kai-ray: PodGroup annotation {subgroup: pods per replica} for multi-host Ray worker groups
 REPLICA_HOSTS_ANNOTATION = "kai-ray.io/replica-hosts"
+# kai-ray: PodGroup annotation, a JSON list of the subgroups whose minimum is 0 (autoscaled Ray
+# groups with minReplicas 0): the CRD refuses such a subgroup in spec.subGroups
+ELASTIC_SUBGROUPS_ANNOTATION = "kai-ray.io/elastic-subgroups"
+# kai-ray: PodGroup annotation written when a spec change raises the minimum of a gang that has
+# started: {"start": <its last-start timestamp>, "minMember": n, "subGroups": {name: n}}, the
+# lowest minimums of that run before the raise (a subgroup not named: 0). Stale-gang eviction
+# counts a running gang's members against them, not against a minimum it was never admitted at.
+RAISED_MINIMUM_ANNOTATION = "kai-ray.io/raised-minimum"
 
 # Annotations only the scheduler (and its pod grouper) writes: its own record of decisions, read
 # back from the PodGroup. A user who could set them would steer the scheduler (a bind intent binds
@@ -39,8 +47,10 @@ SCHEDULER_OWNED_PREFIX = "kai-ray.io/"  # bind-intent, suspended-demand, replica
 LAST_START_ANNOTATION = "kai.scheduler/last-start-timestamp"  # min-runtime protection
 STALE_ANNOTATION = "kai.scheduler/stale-podgroup-timestamp"  # stale-gang eviction
 SCHEDULER_OWNED_ANNOTATIONS = frozenset({LAST_START_ANNOTATION, STALE_ANNOTATION})
-# of those, the ones the grouper computes itself and (re)writes on the PodGroup it builds
-GROUPER_OWNED_ANNOTATIONS = frozenset({REPLICA_HOSTS_ANNOTATION})
+# of those, the ones the grouper computes from the owner and (re)writes on the PodGroup it builds
+# (and removes when the owner no longer calls for them); it also keeps RAISED_MINIMUM_ANNOTATION,
+# computed from the PodGroup itself on each update
+GROUPER_OWNED_ANNOTATIONS = frozenset({REPLICA_HOSTS_ANNOTATION, ELASTIC_SUBGROUPS_ANNOTATION})
 
 
 def is_scheduler_owned(key: str) -> bool:

@@ -39,13 +39,14 @@ Preemptibility: label ``kai.scheduler/preemptibility`` on an owner, then on the 
 Annotations: the top owner's (the pod's when it has no owner), as KAI copies them, except the
 keys only the scheduler writes (``config.is_scheduler_owned``: ``kai-ray.io/...``, KAI's
 last-start and stale-PodGroup timestamps), which are never copied from a user's object; plus
-``kai.scheduler/top-owner-metadata``, the pod's ``user`` annotation and, for Ray gangs with
-multi-host groups, the grouper's own ``kai-ray.io/replica-hosts``.
+``kai.scheduler/top-owner-metadata``, the pod's ``user`` annotation and, for Ray gangs, the
+grouper's own ``kai-ray.io/replica-hosts`` (multi-host groups) and
+``kai-ray.io/elastic-subgroups`` (autoscaled groups with minReplicas 0, whose pods are labelled
+with their subgroup name though ``spec.subGroups`` has no entry for them: see ``ray``).
 """
 
 from __future__ import annotations
 
-import json
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -61,7 +62,6 @@ from kai_ray.grouping.config import (
     PROJECT_LABEL,
     RAY_GROUP_LABEL,
     RAY_PRIORITY_LABEL,
-    REPLICA_HOSTS_ANNOTATION,
     SUBGROUP_LABEL,
     TOP_OWNER_METADATA_ANNOTATION,
     TOPOLOGY_ANNOTATION,
@@ -84,7 +84,7 @@ from kai_ray.grouping.objects import (
     ref,
 )
 from kai_ray.grouping.owners import Owners, as_pod, is_ray_kind
-from kai_ray.grouping.ray import ray_gang
+from kai_ray.grouping.ray import gang_annotations, ray_gang
 
 
 @dataclass(frozen=True)
@@ -256,13 +256,11 @@ def group_pod(
                                 "resolve_top_owner)")
         gang = ray_gang(owners.ray_cluster)
         spec["minMember"], spec["subGroups"] = gang.min_member, [dict(s) for s in gang.subgroups]
-        if gang.replica_hosts:
-            pg_annotations[REPLICA_HOSTS_ANNOTATION] = json.dumps(dict(gang.replica_hosts),
-                                                                  sort_keys=True)
+        pg_annotations.update(gang_annotations(gang))
         if labels_of(top).get(RAY_PRIORITY_LABEL):
             spec["priorityClassName"] = labels_of(top)[RAY_PRIORITY_LABEL]
         group = labels_of(pod).get(RAY_GROUP_LABEL)
-        if group in {s["name"] for s in gang.subgroups}:
+        if group in {s["name"] for s in gang.subgroups} or group in gang.elastic:
             subgroup = group
         else:
             why = (f"has no label {RAY_GROUP_LABEL}" if group is None

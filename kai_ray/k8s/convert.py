@@ -7,6 +7,7 @@ crashing the scheduler.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import re
@@ -30,6 +31,8 @@ from kai_ray.core.model import (
     SubGroup,
 )
 from kai_ray.grouping import admission
+from kai_ray.grouping.config import ELASTIC_SUBGROUPS_ANNOTATION, RAISED_MINIMUM_ANNOTATION
+from kai_ray.grouping.update import parse_raised_minimum
 
 Obj = Mapping[str, Any]
 
@@ -47,6 +50,8 @@ STALE_ANNOTATION = "kai.scheduler/stale-podgroup-timestamp"
 LAST_START_ANNOTATION = "kai.scheduler/last-start-timestamp"
 # our durable bind intent, one atomic write per gang on the PodGroup (see binder.py)
 BIND_INTENT_ANNOTATION = "kai-ray.io/bind-intent"
+# where GPU reservation pods live by default (KAI's name); the scheduler's config
+# (reservation.namespace) sets another: BinderConfig, ClusterCache
 RESERVATION_NAMESPACE = "kai-resource-reservation"
 DEFAULT_PRIORITY = 50
 
@@ -450,6 +455,17 @@ def _replica_hosts(raw: str | None) -> dict[str, int]:
     return {str(k): v for k, v in _json_object(raw).items() if isinstance(v, int) and v >= 1}
 
 
+def _elastic_subgroups(raw: str | None) -> list[str]:
+    """Subgroup names from the pod grouper's annotation (a JSON list; bad values: none)."""
+    if not raw:
+        return []
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return []
+    return [v for v in value if isinstance(v, str) and v] if isinstance(value, list) else []
+
+
 def job_key(namespace: str, name: str) -> str:
     """A job's identity in the core, results and the loop: namespace and PodGroup name
     (two namespaces may each hold a PodGroup of the same name)."""
@@ -483,6 +499,21 @@ def job_from(pg: Obj, pods: Iterable[Obj], classes: Mapping[str, int],
             raise InvalidField(f"{where}.name", f"{name!r} is named twice")
         subgroups.append(SubGroup(name, _min_member(sg.get("minMember"), f"{where}.minMember"),
                                   replica_size=replica_hosts.get(name, 1)))
+    if subgroups:
+        # subgroups of minimum 0 (autoscaled Ray groups with minReplicas 0), which the CRD
+        # cannot hold in spec.subGroups; a name spec.subGroups has keeps its minimum there
+        for name in _elastic_subgroups(ann.get(ELASTIC_SUBGROUPS_ANNOTATION)):
+            if all(s.name != name for s in subgroups):
+                subgroups.append(SubGroup(name, 0, replica_size=replica_hosts.get(name, 1)))
+    # the lowest minimums of this run of the gang, when a spec change raised them since it
+    # started (recorded by the pod grouper for the run whose last-start stamp it saw; a record
+    # of an earlier run does not count)
+    raised = parse_raised_minimum(ann.get(RAISED_MINIMUM_ANNOTATION))
+    admitted: int | None = None
+    if raised is not None and raised[0] == ann.get(LAST_START_ANNOTATION):
+        admitted = raised[1]
+        subgroups = [dataclasses.replace(s, admitted_min_member=raised[2].get(s.name, 0))
+                     for s in subgroups]
     namespace = m.get("namespace", "default")
     return Job(
         name=job_key(namespace, m["name"]), namespace=namespace,
@@ -498,6 +529,7 @@ def job_from(pg: Obj, pods: Iterable[Obj], classes: Mapping[str, int],
         stale_since=_annotation_time(ann, STALE_ANNOTATION),
         last_start=_annotation_time(ann, LAST_START_ANNOTATION),
         uid=m.get("uid", ""),
+        admitted_min_member=admitted,
     )
 
 

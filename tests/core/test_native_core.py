@@ -2,10 +2,11 @@
 reference: every field of the CycleResult (binds, pipelined pods, evictions and their
 messages, every pending job's reason and message, queue numbers, every pod's outcome, stale
 stamps) is compared, on the synthetic benchmark clusters, on every conformance case round by
-round, and on random clusters (hypothesis) that use what the benchmark does not: subgroups and
-replicas, taints, selectors and affinity, gpu-memory and multi-device fractions, releasing and
-gated pods, queue trees with limits and missing queues, min runtimes, stale gangs, every
-placement option. The first run builds the module (cargo; cached per version of its sources)."""
+round, and on random clusters (hypothesis) that use what the benchmark does not: subgroups
+(some of minimum 0) and replicas, minimums raised on running gangs, taints, selectors and
+affinity, gpu-memory and multi-device fractions, releasing and gated pods, queue trees with
+limits and missing queues, min runtimes, stale gangs, every placement option. The first run
+builds the module (cargo; cached per version of its sources)."""
 
 from __future__ import annotations
 
@@ -399,7 +400,8 @@ def configs(draw):  # type: ignore[no-untyped-def]
 
 def _disturb(snapshot: Snapshot, draw_index: int) -> Snapshot:
     """Some running pods released, succeeded or failed, a gang left below its minimum (stale
-    after the grace period), start times set: states a cycle of its own seldom leaves."""
+    after the grace period), a minimum raised on a running gang (with its record), start times
+    set: states a cycle of its own seldom leaves."""
     jobs = []
     for j, job in enumerate(snapshot.jobs):
         pods = list(job.pods)
@@ -418,6 +420,16 @@ def _disturb(snapshot: Snapshot, draw_index: int) -> Snapshot:
             pods[running[-1]] = dataclasses.replace(pods[running[-1]], status=PodStatus.FAILED,
                                                     node=None, gpu_groups=())
             job = dataclasses.replace(job, stale_since=0.0)
+        elif len(running) > 1 and mode == 7:
+            # a spec change raised the minimum of the running gang: the lowest minimum of its
+            # run is recorded, and the gang is stale only below that (here: one pod lost)
+            pods[running[-1]] = dataclasses.replace(pods[running[-1]], status=PodStatus.PENDING,
+                                                    node=None, gpu_groups=())
+            job = dataclasses.replace(
+                job, min_member=job.min_member + 2, admitted_min_member=job.min_member,
+                subgroups=tuple(dataclasses.replace(sg, min_member=sg.min_member + 2,
+                                                    admitted_min_member=sg.min_member)
+                                for sg in job.subgroups))
         if running and mode == 6:
             # a pod on a node the snapshot does not have (deleted since)
             pods[running[0]] = dataclasses.replace(pods[running[0]], node="gone-node")

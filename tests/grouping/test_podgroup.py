@@ -99,6 +99,35 @@ def test_ray_pod_outside_any_subgroup_gets_a_warning() -> None:
     assert any("has no label ray.io/group" in w for w in group(p, rc).warnings)
 
 
+def test_autoscaled_elastic_group_pods_keep_their_subgroup_label() -> None:
+    """minReplicas 0 under in-tree autoscaling: no spec subgroup (the CRD refuses minMember 0),
+    the group is named in kai-ray.io/elastic-subgroups and its pods still carry their subgroup
+    label, so the scheduler places them one by one above the gang minimum."""
+    rc = ray_cluster("rc", worker_group(3, 0, name="gpu"), worker_group(2, 1, name="cpu"),
+                     labels={QUEUE: "q"})
+    rc["spec"]["enableInTreeAutoscaling"] = True
+    result = group(kuberay_pod(rc, "gpu"), rc)
+    pg = result.podgroup
+    assert pg["spec"]["minMember"] == 2
+    assert pg["spec"]["subGroups"] == [{"name": "headgroup", "minMember": 1},
+                                       {"name": "cpu", "minMember": 1}]
+    assert pg["metadata"]["annotations"]["kai-ray.io/elastic-subgroups"] == '["gpu"]'
+    assert result.subgroup == "gpu" and result.warnings == ()
+    assert result.pod_patch()["metadata"]["labels"] == {"kai.scheduler/subgroup-name": "gpu"}
+
+
+def test_rayjob_with_autoscaling_is_sized_from_its_raycluster() -> None:
+    """KubeRay copies a RayJob's rayClusterSpec (enableInTreeAutoscaling included) into the
+    RayCluster it creates; the gang is sized from that RayCluster."""
+    job = obj("ray.io/v1", "RayJob", "job", labels={QUEUE: "q"},
+              status={"rayClusterName": "job-rc"})
+    rc = ray_cluster("job-rc", worker_group(4, 0, name="w"), owners=[owned_by(job)])
+    rc["spec"]["enableInTreeAutoscaling"] = True
+    result = group(kuberay_pod(rc, "w"), job, rc)
+    assert result.podgroup["spec"]["minMember"] == 1 and result.subgroup == "w"
+    assert result.podgroup["metadata"]["annotations"]["kai-ray.io/elastic-subgroups"] == '["w"]'
+
+
 # ---- other kinds --------------------------------------------------------------------------------
 
 def test_batch_job_gets_one_podgroup_per_pod() -> None:

@@ -6,6 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kai_ray.grouping import GroupingError, ray_gang
+from kai_ray.grouping.ray import gang_annotations
 
 
 def _subgroups(gang) -> dict[str, int]:  # type: ignore[no-untyped-def]
@@ -120,3 +121,76 @@ def test_multi_host_groups_record_pods_per_replica() -> None:
     gang = ray_gang(ray_cluster("rc", worker_group(3, 2, hosts=2), worker_group(1, 1)))
     assert gang.replica_hosts == (("worker-group-0", 2),)
     assert ray_gang(ray_cluster("rc", worker_group(1, 1))).replica_hosts == ()
+
+
+# ---- kai-ray: in-tree autoscaling (KAI counts replicas when minReplicas is 0; we do not) ---
+
+def _autoscaled(*groups: dict, flag: object = True) -> dict:  # type: ignore[type-arg]
+    rc = ray_cluster("rc", *groups)
+    rc["spec"]["enableInTreeAutoscaling"] = flag
+    return rc
+
+
+def test_autoscaled_group_with_min_replicas_zero_is_all_elastic() -> None:
+    """The autoscaler asked for 5 workers: none of them is part of the gang."""
+    gang = ray_gang(_autoscaled(worker_group(5, 0, name="gpu")))
+    assert gang.min_member == 1
+    assert _subgroups(gang) == {"headgroup": 1}  # no subgroup: the CRD's minimum is 1
+    assert gang.elastic == ("gpu",)
+
+
+def test_autoscaled_groups_count_min_replicas_not_replicas() -> None:
+    gang = ray_gang(_autoscaled(worker_group(6, 2, name="a"), worker_group(3, 0, name="b"),
+                                worker_group(0, 0, name="c"), worker_group(4, 1, hosts=2)))
+    assert gang.min_member == 1 + 2 + 0 + 0 + 2
+    assert _subgroups(gang) == {"headgroup": 1, "a": 2, "worker-group-3": 2}
+    # c has no replicas yet: listed, so the autoscaler's first scale-up needs no PodGroup change
+    assert gang.elastic == ("b", "c")
+    assert gang.replica_hosts == (("worker-group-3", 2),)
+
+
+def test_autoscaled_multi_host_group_with_min_zero_keeps_its_replica_size() -> None:
+    gang = ray_gang(_autoscaled(worker_group(3, 0, name="tpu", hosts=4)))
+    assert gang.min_member == 1 and gang.elastic == ("tpu",)
+    assert gang.replica_hosts == (("tpu", 4),)  # an elastic replica is still placed whole
+    assert gang_annotations(gang) == {"kai-ray.io/replica-hosts": '{"tpu": 4}',
+                                      "kai-ray.io/elastic-subgroups": '["tpu"]'}
+
+
+@pytest.mark.parametrize("field", ["suspended", "suspend"])
+def test_autoscaled_suspended_group_is_neither_counted_nor_elastic(field: str) -> None:
+    gang = ray_gang(_autoscaled(worker_group(3, 0, name="off", **{field: True}),
+                                worker_group(2, 1, name="on")))
+    assert gang.min_member == 2 and gang.elastic == ()
+    assert _subgroups(gang) == {"headgroup": 1, "on": 1}
+
+
+@pytest.mark.parametrize("flag", [False, None, "true"])
+def test_without_autoscaling_min_replicas_zero_still_counts_replicas(flag: object) -> None:
+    """KAI's rule where nobody scales `replicas` to what fits: it is the cluster the user asked
+    for, and minReplicas 0 is only the CRD default (the flag must be the boolean true)."""
+    gang = ray_gang(_autoscaled(worker_group(4, 0, name="gpu", hosts=2), flag=flag))
+    assert gang.min_member == 1 + 8 and gang.elastic == ()
+    assert _subgroups(gang) == {"headgroup": 1, "gpu": 8}
+
+
+def test_gang_annotations_of_a_plain_gang_are_empty() -> None:
+    assert gang_annotations(ray_gang(ray_cluster("rc", worker_group(2, 1)))) == {}
+
+
+@given(groups, st.booleans())
+def test_autoscaled_minimum_is_head_plus_min_replicas(spec: list, autoscaling: bool) -> None:  # type: ignore[type-arg]
+    specs = [(max(r, m), m, h, s) for r, m, h, s in spec]
+    rc = _autoscaled(*(worker_group(r, m, hosts=h, suspend=s) for r, m, h, s in specs),
+                     flag=autoscaling)
+    gang = ray_gang(rc)
+    live = [(f"worker-group-{i}", r, m, h) for i, (r, m, h, s) in enumerate(specs) if not s]
+    if autoscaling:
+        counted = [(n, m * h) for n, _, m, h in live if m]
+        assert gang.elastic == tuple(n for n, _, m, _ in live if not m)
+    else:
+        counted = [(n, (m or r) * h) for n, r, m, h in live if r or m]
+        assert gang.elastic == ()
+    assert gang.min_member == 1 + sum(n for _, n in counted)
+    assert [(s["name"], s["minMember"]) for s in gang.subgroups] == [("headgroup", 1), *counted]
+    assert all(s["minMember"] >= 1 for s in gang.subgroups)  # the CRD's minimum

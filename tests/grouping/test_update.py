@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 from grouping_objects import QUEUE, FakeApi, kuberay_pod, ray_cluster, worker_group
@@ -103,3 +104,153 @@ def test_ray_gang_update_follows_min_replicas() -> None:
     rc["spec"]["workerGroupSpecs"][0]["suspend"] = True
     suspended = ray_gang_update(updated, rc)
     assert suspended is not None and suspended["spec"]["minMember"] == 1
+
+
+# ---- kai-ray: grouper-owned annotations follow the owner; a raised minimum is recorded ---------
+
+ELASTIC = "kai-ray.io/elastic-subgroups"
+RAISED = "kai-ray.io/raised-minimum"
+LAST_START = "kai.scheduler/last-start-timestamp"
+
+
+def _autoscaled(*groups: dict[str, Any]) -> dict[str, Any]:
+    rc = ray_cluster("rc", *groups, labels={QUEUE: "a"})
+    rc["spec"]["enableInTreeAutoscaling"] = True
+    return rc
+
+
+def _started(pg: dict[str, Any], at: str = "2024-05-01T00:00:00Z") -> dict[str, Any]:
+    pg["metadata"]["annotations"][LAST_START] = at
+    return pg
+
+
+def test_an_elastic_group_given_a_minimum_leaves_the_elastic_annotation() -> None:
+    rc = _autoscaled(worker_group(3, 0, name="w"))
+    stored = _as_stored(_desired(rc))
+    assert json.loads(stored["metadata"]["annotations"][ELASTIC]) == ["w"]
+    assert podgroup_update(stored, _desired(rc)) is None  # the autoscaler's replicas: no change
+    rc["spec"]["workerGroupSpecs"][0]["replicas"] = 5
+    assert podgroup_update(stored, _desired(rc)) is None
+    rc["spec"]["workerGroupSpecs"][0]["minReplicas"] = 2
+    updated = podgroup_update(stored, _desired(rc))
+    assert updated is not None and ELASTIC not in updated["metadata"]["annotations"]
+    assert updated["spec"]["subGroups"][1] == {"name": "w", "minMember": 2}
+    assert podgroup_update(updated, _desired(rc)) is None
+
+
+def test_replica_hosts_go_when_no_group_has_several_hosts() -> None:
+    rc = ray_cluster("rc", worker_group(2, 1, name="w", hosts=2), labels={QUEUE: "a"})
+    stored = _as_stored(_desired(rc))
+    assert "kai-ray.io/replica-hosts" in stored["metadata"]["annotations"]
+    del rc["spec"]["workerGroupSpecs"][0]["numOfHosts"]
+    updated = podgroup_update(stored, _desired(rc))
+    assert updated is not None and "kai-ray.io/replica-hosts" not in (
+        updated["metadata"]["annotations"])
+
+
+def test_raising_a_started_gangs_minimum_records_the_minimum_it_ran_with() -> None:
+    rc = ray_cluster("rc", worker_group(2, 2, name="w"), worker_group(1, 1, name="v"),
+                     labels={QUEUE: "a"})
+    stored = _started(_as_stored(_desired(rc)))
+    rc["spec"]["workerGroupSpecs"][0].update(replicas=4, minReplicas=4)
+    raised = podgroup_update(stored, _desired(rc))
+    assert raised is not None and raised["spec"]["minMember"] == 6
+    assert json.loads(raised["metadata"]["annotations"][RAISED]) == {
+        "start": "2024-05-01T00:00:00Z", "minMember": 4,
+        "subGroups": {"headgroup": 1, "v": 1, "w": 2}}
+    assert podgroup_update(raised, _desired(rc)) is None  # a resync keeps it as it is
+
+    # raised again in the same run: the lowest minimum of the run stays the record
+    rc["spec"]["workerGroupSpecs"][0].update(replicas=5, minReplicas=5)
+    again = podgroup_update(raised, _desired(rc))
+    assert again is not None
+    assert json.loads(again["metadata"]["annotations"][RAISED])["subGroups"]["w"] == 2
+    # a group added by the raise had no minimum before it (0: not named)
+    rc["spec"]["workerGroupSpecs"].append(worker_group(1, 1, name="new"))
+    added = podgroup_update(again, _desired(rc))
+    assert added is not None
+    assert "new" not in json.loads(added["metadata"]["annotations"][RAISED])["subGroups"]
+
+    # lowered back to what the gang ran with: nothing is raised, the record goes
+    rc["spec"]["workerGroupSpecs"] = [worker_group(2, 2, name="w"), worker_group(1, 1, name="v")]
+    lowered = podgroup_update(added, _desired(rc))
+    assert lowered is not None and RAISED not in lowered["metadata"]["annotations"]
+    assert lowered["metadata"]["annotations"][LAST_START] == "2024-05-01T00:00:00Z"
+
+
+def test_a_raise_before_the_gang_ever_started_records_nothing() -> None:
+    rc = ray_cluster("rc", worker_group(2, 2, name="w"), labels={QUEUE: "a"})
+    stored = _as_stored(_desired(rc))
+    rc["spec"]["workerGroupSpecs"][0].update(replicas=4, minReplicas=4)
+    updated = podgroup_update(stored, _desired(rc))
+    assert updated is not None and RAISED not in updated["metadata"]["annotations"]
+
+
+def test_a_record_of_an_earlier_run_is_replaced_or_dropped() -> None:
+    rc = ray_cluster("rc", worker_group(2, 2, name="w"), labels={QUEUE: "a"})
+    stored = _started(_as_stored(_desired(rc)), "2024-05-02T00:00:00Z")
+    stored["metadata"]["annotations"][RAISED] = json.dumps(
+        {"start": "2024-05-01T00:00:00Z", "minMember": 1, "subGroups": {"headgroup": 1}})
+    # the gang started again since (at minimum 3): the old record is obsolete
+    dropped = podgroup_update(stored, _desired(rc))
+    assert dropped is not None and RAISED not in dropped["metadata"]["annotations"]
+    rc["spec"]["workerGroupSpecs"][0].update(replicas=3, minReplicas=3)
+    updated = podgroup_update(stored, _desired(rc))
+    assert updated is not None
+    assert json.loads(updated["metadata"]["annotations"][RAISED]) == {
+        "start": "2024-05-02T00:00:00Z", "minMember": 3,
+        "subGroups": {"headgroup": 1, "w": 2}}
+
+
+def test_the_record_is_never_taken_from_desired() -> None:
+    rc = ray_cluster("rc", worker_group(2, 2, name="w"), labels={QUEUE: "a"},
+                     annotations={RAISED: json.dumps({"start": "x", "minMember": 1})})
+    desired = _desired(rc)
+    assert RAISED not in desired["metadata"]["annotations"]
+    desired["metadata"]["annotations"][RAISED] = "forged"
+    assert podgroup_update(_started(_as_stored(_desired(rc))), desired) is None
+
+
+def test_ray_gang_update_records_a_raise_and_the_elastic_groups() -> None:
+    rc = _autoscaled(worker_group(2, 1, name="w"))
+    stored = _started(_as_stored(_desired(rc)))
+    rc["spec"]["workerGroupSpecs"][0]["minReplicas"] = 0
+    lowered = ray_gang_update(stored, rc)
+    assert lowered is not None and lowered["spec"]["minMember"] == 1
+    assert json.loads(lowered["metadata"]["annotations"][ELASTIC]) == ["w"]
+    assert RAISED not in lowered["metadata"]["annotations"]
+    rc["spec"]["workerGroupSpecs"][0]["minReplicas"] = 2
+    raised = ray_gang_update(lowered, rc)
+    assert raised is not None and ELASTIC not in raised["metadata"]["annotations"]
+    assert json.loads(raised["metadata"]["annotations"][RAISED]) == {
+        "start": "2024-05-01T00:00:00Z", "minMember": 1, "subGroups": {"headgroup": 1}}
+    assert ray_gang_update(raised, rc) is None
+
+
+def test_the_scheduler_reads_the_elastic_groups_and_the_record_of_this_run_only() -> None:
+    """What the grouper writes, as the scheduler's snapshot reads it (kai_ray.k8s.convert)."""
+    from kai_ray.k8s.convert import job_from
+
+    rc = _autoscaled(worker_group(2, 1, name="w"), worker_group(4, 0, name="e", hosts=2))
+    stored = _started(_as_stored(_desired(rc)))
+    job = job_from(stored, [], {}, None)
+    assert [(s.name, s.min_member, s.replica_size, s.admitted_min_member)
+            for s in job.subgroups] == [("headgroup", 1, 1, None), ("w", 1, 1, None),
+                                        ("e", 0, 2, None)]
+    assert job.admitted_min_member is None
+    rc["spec"]["workerGroupSpecs"][0]["minReplicas"] = 2
+    raised = podgroup_update(stored, _desired(rc))
+    assert raised is not None
+    job = job_from(raised, [], {}, None)
+    assert job.min_member == 3 and job.admitted_min_member == 2
+    assert {s.name: (s.min_member, s.admitted_min_member) for s in job.subgroups} == {
+        "headgroup": (1, 1), "w": (2, 1), "e": (0, 0)}
+    # the gang started again (a new last-start stamp): the record is not this run's
+    _started(raised, "2024-06-01T00:00:00Z")
+    job = job_from(raised, [], {}, None)
+    assert job.admitted_min_member is None
+    assert all(s.admitted_min_member is None for s in job.subgroups)
+    # an elastic name that spec.subGroups also has keeps the spec's minimum
+    raised["metadata"]["annotations"][ELASTIC] = json.dumps(["w", "e", 7])
+    assert [(s.name, s.min_member) for s in job_from(raised, [], {}, None).subgroups] == [
+        ("headgroup", 1), ("w", 2), ("e", 0)]

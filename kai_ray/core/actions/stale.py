@@ -1,5 +1,10 @@
 """stalegangeviction: a running gang below its minimum for longer than the grace period is
-evicted whole (kai-spec §6.8)."""
+evicted whole.
+
+Below its minimum means: fewer members running than the podset's ``stale_min``, its minimum or,
+when a spec change raised the minimum after the gang started, the lowest minimum it had before
+(``Job.admitted_min_member``). A gang is stale when members it was placed with are gone, not when
+it is asked for more than it was admitted with: the raised part waits like any pending pod."""
 
 from __future__ import annotations
 
@@ -19,8 +24,8 @@ def _is_stale(job: JobState) -> bool:
     if not active:
         return False
     if not job.uses_subgroups:  # one podset, holding every task: no second pass
-        return active < job.podsets["default"].min_member
-    return any(sum(1 for t in ps.tasks if t.status in ACTIVE_USED) < ps.min_member
+        return active < job.podsets["default"].stale_min
+    return any(sum(1 for t in ps.tasks if t.status in ACTIVE_USED) < ps.stale_min
                for ps in job.podsets.values())
 
 

@@ -74,12 +74,13 @@ class VictimUnit:
         """Tasks to evict next: one extra task of a podset above its minimum (with the other
         hosts of its replica: a replica is never split), else all."""
         if len(self.tasks) == 1:
-            return list(self.tasks), None  # no podset is above its minimum (at least 1)
+            return list(self.tasks), None  # taking its one task leaves nothing either way
         above = [(name, ts) for name, ts in self.by_set.items()
                  if len(ts) > self.job.podsets[name].min_member]
         if above:
+            # a minimum of 0 (an all-elastic podset) counts as 1 in the ratio
             _, ts = max(above, key=lambda item: (
-                len(item[1]) / self.job.podsets[item[0]].min_member, item[0]))
+                len(item[1]) / max(self.job.podsets[item[0]].min_member, 1), item[0]))
             victim = max(ts, key=Task.sort_key)
             taken = [victim] if victim.replica is None else [
                 t for t in ts if t.replica == victim.replica]

@@ -174,8 +174,11 @@ pub struct Pod {
 #[derive(Clone, Debug)]
 pub struct SubGroup {
     pub name: String,
+    /// 0: every pod of the subgroup is elastic (an autoscaled Ray group with minReplicas 0)
     pub min_member: i64,
     pub replica_size: i64,
+    /// see `Job::admitted_min_member`
+    pub admitted_min_member: Option<i64>,
 }
 
 /// A PodGroup and its pods.
@@ -193,6 +196,9 @@ pub struct Job {
     pub subgroups: Vec<SubGroup>,
     pub stale_since: Option<f64>,
     pub last_start: Option<f64>,
+    /// the lowest minimum this run of the gang had before a spec change raised `min_member`
+    /// (None: not raised since it started); stale-gang eviction counts against it
+    pub admitted_min_member: Option<i64>,
 }
 
 #[derive(Clone, Debug)]

@@ -64,7 +64,16 @@ pub struct PodSet {
     pub name: String,
     pub min_member: i64,
     pub replica_size: i64,
+    /// fewer members than this running: stale (see `Job::admitted_min_member`)
+    pub stale_min: i64,
     pub tasks: Vec<usize>,
+}
+
+impl PodSet {
+    fn new(name: String, min_member: i64, replica_size: i64, admitted: Option<i64>) -> Self {
+        let stale_min = admitted.map_or(min_member, |a| min_member.min(a.max(0)));
+        PodSet { name, min_member, replica_size, stale_min, tasks: Vec::new() }
+    }
 }
 
 #[derive(Clone, Debug)]
@@ -445,12 +454,13 @@ impl Session {
                 // as the Python dict: a later subgroup of a name replaces the earlier one there
                 let mut podsets: Vec<PodSet> = Vec::new();
                 for sg in &job.subgroups {
-                    let podset = PodSet {
-                        name: sg.name.clone(),
-                        min_member: sg.min_member.max(1),
-                        replica_size: sg.replica_size.max(1),
-                        tasks: Vec::new(),
-                    };
+                    // a subgroup's minimum may be 0 (all elastic); the job's own is at least 1
+                    let podset = PodSet::new(
+                        sg.name.clone(),
+                        sg.min_member.max(0),
+                        sg.replica_size.max(1),
+                        sg.admitted_min_member,
+                    );
                     match podsets.iter().position(|ps| ps.name == sg.name) {
                         Some(at) => podsets[at] = podset,
                         None => podsets.push(podset),
@@ -458,12 +468,12 @@ impl Session {
                 }
                 podsets
             } else {
-                vec![PodSet {
-                    name: "default".to_string(),
-                    min_member: job.min_member.max(1),
-                    replica_size: 1,
-                    tasks: Vec::new(),
-                }]
+                vec![PodSet::new(
+                    "default".to_string(),
+                    job.min_member.max(1),
+                    1,
+                    job.admitted_min_member,
+                )]
             };
             let queue_id = sess.queue_index.get(&job.queue).copied();
             let queue_key = match queue_id {
@@ -1399,8 +1409,9 @@ impl Session {
             .collect();
         candidates.sort_by(|&a, &b| {
             let (pa, pb) = (&js.podsets[a], &js.podsets[b]);
-            let ra = self.podset_active(pa) as f64 / pa.min_member as f64;
-            let rb = self.podset_active(pb) as f64 / pb.min_member as f64;
+            // a minimum of 0 (an all-elastic podset) counts as 1
+            let ra = self.podset_active(pa) as f64 / pa.min_member.max(1) as f64;
+            let rb = self.podset_active(pb) as f64 / pb.min_member.max(1) as f64;
             ra.partial_cmp(&rb).unwrap_or(Ordering::Equal).then_with(|| pa.name.cmp(&pb.name))
         });
         for p in candidates {

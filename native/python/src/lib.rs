@@ -72,6 +72,15 @@ fn opt_float(obj: &Bound<'_, PyAny>, name: &Bound<'_, PyString>) -> Conv<Option<
     }
 }
 
+fn opt_int(obj: &Bound<'_, PyAny>, name: &Bound<'_, PyString>) -> Conv<Option<i64>> {
+    let value = attr(obj, name)?;
+    if value.is_none() {
+        Ok(None)
+    } else {
+        Ok(Some(value.extract::<i64>()?))
+    }
+}
+
 fn items<'py>(obj: &Bound<'py, PyAny>) -> Conv<Vec<Bound<'py, PyAny>>> {
     Ok(obj.try_iter()?.collect::<PyResult<Vec<_>>>()?)
 }
@@ -267,6 +276,7 @@ fn read_jobs(snapshot: &Bound<'_, PyAny>, out: &mut Snapshot) -> Conv<Names> {
                 name: string(&sg, intern!(py, "name"))?,
                 min_member: int(&sg, intern!(py, "min_member"))?,
                 replica_size: int(&sg, intern!(py, "replica_size"))?,
+                admitted_min_member: opt_int(&sg, intern!(py, "admitted_min_member"))?,
             });
         }
         let job_index = names.job_names.len();
@@ -353,6 +363,7 @@ fn read_jobs(snapshot: &Bound<'_, PyAny>, out: &mut Snapshot) -> Conv<Names> {
             subgroups,
             stale_since: opt_float(&j, intern!(py, "stale_since"))?,
             last_start: opt_float(&j, intern!(py, "last_start"))?,
+            admitted_min_member: opt_int(&j, intern!(py, "admitted_min_member"))?,
         });
         names.job_names.push(name_obj.unbind());
         names.job_namespaces.push(namespace_obj.unbind());

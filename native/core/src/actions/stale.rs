@@ -1,5 +1,7 @@
 //! stalegangeviction: a running gang below its minimum for longer than the grace period is
-//! evicted whole (kai_ray/core/actions/stale.py, kai-spec §6.8).
+//! evicted whole (kai_ray/core/actions/stale.py). Below its minimum: fewer members running than
+//! a podset's `stale_min`, which is lower than its minimum only when a spec change raised the
+//! minimum after the gang started (a raise is not a member lost).
 
 use crate::model::PodStatus;
 use crate::state::{EvictInfo, EvictMessage, Session};
@@ -21,11 +23,11 @@ fn is_stale(sess: &Session, job: usize) -> bool {
     }
     if !js.uses_subgroups {
         // one podset, holding every task
-        return active < js.podsets[0].min_member;
+        return active < js.podsets[0].stale_min;
     }
     js.podsets.iter().any(|ps| {
         (ps.tasks.iter().filter(|&&t| sess.tasks[t].status.active_used()).count() as i64)
-            < ps.min_member
+            < ps.stale_min
     })
 }
 

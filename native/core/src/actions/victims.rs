@@ -86,7 +86,7 @@ pub fn taken_amount(sess: &Session, unit: usize) -> Amounts {
 pub fn take(sess: &Session, unit: usize) -> (Vec<usize>, Option<Vec<usize>>) {
     let u = &sess.units[unit];
     if u.tasks.len() == 1 {
-        return (u.tasks.clone(), None); // no podset is above its minimum (at least 1)
+        return (u.tasks.clone(), None); // taking its one task leaves nothing either way
     }
     let js = &sess.jobs[u.job];
     let mut best: Option<usize> = None;
@@ -98,8 +98,9 @@ pub fn take(sess: &Session, unit: usize) -> (Vec<usize>, Option<Vec<usize>>) {
         best = match best {
             None => Some(p),
             Some(b) => {
-                let ratio = ts.len() as f64 / ps.min_member as f64;
-                let best_ratio = u.by_set[b].len() as f64 / js.podsets[b].min_member as f64;
+                // a minimum of 0 (an all-elastic podset) counts as 1
+                let ratio = ts.len() as f64 / ps.min_member.max(1) as f64;
+                let best_ratio = u.by_set[b].len() as f64 / js.podsets[b].min_member.max(1) as f64;
                 let better = match ratio.partial_cmp(&best_ratio).unwrap_or(Ordering::Equal) {
                     Ordering::Greater => true,
                     Ordering::Less => false,
