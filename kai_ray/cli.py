@@ -179,6 +179,12 @@ def _add_core(p: argparse.ArgumentParser) -> None:
                         "Python reference, or insist on the Rust one")
 
 
+def _add_log_level(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"], default="info",
+                   help="the least severe log lines shown (default info: starts, decisions, "
+                        "faults; debug adds every cycle's timing)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="kai-ray",
@@ -228,6 +234,10 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--nodes", type=_count(0), default=2)
     up.add_argument("--gpus-per-node", type=_count(0), default=8)
     up.add_argument("--kuberay", action="store_true", help="also start the KubeRay operator")
+    up.add_argument("--install", action="store_true",
+                    help="with --real-node: build the kai-ray images (cached), load them onto the "
+                         "real node and `helm install` this checkout's chart; kai-ray then runs "
+                         "in the cluster as pods, under the chart's ServiceAccounts")
     up.add_argument("--real-node", action="store_true",
                     help="also run a real kubelet node on this machine (root; docs/real-node.md)")
     up.add_argument("--real-node-gpus", type=_count(0), default=2, metavar="N",
@@ -261,6 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "(overrides the config's clientConnection.qps; default 50; -1: no limit)")
     p.add_argument("--kube-api-burst", type=_count(0), default=None,
                    help="burst of the client's rate limit (default 100)")
+    _add_log_level(p)
     _add_core(p)
     p.set_defaults(handler="run")
 
@@ -303,6 +314,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--manage-configurations", action="store_true",
                    help="write the webhook configurations itself (default: the chart owns them)")
     p.add_argument("--service", help="NAMESPACE/NAME/PORT for the configurations' clientConfig")
+    _add_log_level(p)
     p.set_defaults(handler="webhook")
 
     p = sub.add_parser("apply-crds", help="server-side apply kai-ray's CRDs (upgrade path)")

@@ -121,6 +121,79 @@ def test_rbac_has_no_wildcards_and_no_secrets(helm: str) -> None:
             assert not {"escalate", "bind", "impersonate"} & set(rule["verbs"]), where
 
 
+def _grants(role: dict[str, Any]) -> dict[tuple[str, str], set[str]]:
+    """(apiGroup, resource[/name]) -> verbs of a rendered role."""
+    out: dict[tuple[str, str], set[str]] = {}
+    for rule in role["rules"]:
+        for group in rule["apiGroups"]:
+            for resource in rule["resources"]:
+                for name in rule.get("resourceNames") or [""]:
+                    key = (group, f"{resource}/{name}" if name else resource)
+                    out.setdefault(key, set()).update(rule["verbs"])
+    return out
+
+
+# every API call of `kai-ray run` (rbac-scheduler.yaml names the code of each), and no more
+SCHEDULER_GRANTS = {
+    ("", "nodes"): {"list", "watch"},
+    ("scheduling.k8s.io", "priorityclasses"): {"list", "watch"},
+    ("", "pods"): {"get", "list", "watch", "patch"},
+    ("", "pods/binding"): {"create"}, ("", "pods/eviction"): {"create"},
+    ("", "pods/status"): {"patch"},
+    ("", "configmaps"): {"create", "update", "delete"},
+    ("", "events"): {"create", "patch"},
+    ("", "namespaces"): {"get"},
+    ("scheduling.run.ai", "podgroups"): {"get", "list", "watch", "create", "update", "patch"},
+    ("scheduling.run.ai", "podgroups/status"): {"patch"},
+    ("scheduling.run.ai", "queues/status"): {"patch"},
+    ("scheduling.run.ai", "queues"): {"list", "watch"},
+    ("apps", "replicasets"): {"get"}, ("apps", "deployments"): {"get"},
+    ("apps", "statefulsets"): {"get"}, ("batch", "jobs"): {"get"},
+    ("ray.io", "rayclusters"): {"get", "list", "watch"},
+    ("ray.io", "rayjobs"): {"get", "patch"},
+    ("ray.io", "rayservices"): {"get"},
+}
+
+
+def test_rbac_is_each_call_and_no_more(helm: str) -> None:
+    docs = render(helm, "reservation.serviceAccountName=holder")
+    roles = by_kind(docs, "ClusterRole")
+    assert _grants(roles["kai-ray-scheduler"]) == SCHEDULER_GRANTS
+    assert _grants(roles["kai-ray-webhook"]) == {
+        ("scheduling.run.ai", "queues"): {"list", "watch"},
+        ("", "namespaces"): {"get", "list", "watch"}}
+    local = by_kind(docs, "Role")
+    assert _grants(local["kai-ray-scheduler-lease"]) == {
+        ("coordination.k8s.io", "leases"): {"create"},
+        ("coordination.k8s.io", "leases/kai-ray-scheduler"): {"get", "update"}}
+    assert _grants(local["kai-ray-scheduler-reservation"]) == {
+        ("", "pods"): {"create", "delete"}, ("", "serviceaccounts/holder"): {"get"}}
+
+
+def test_the_schedulers_writes_policy_names_its_account(helm: str) -> None:
+    """What RBAC cannot narrow (pod patches, ConfigMaps in every namespace) a
+    ValidatingAdmissionPolicy holds to the scheduler's own keys, for its account only."""
+    docs = render(helm, namespace="sched")
+    policy = by_kind(docs, "ValidatingAdmissionPolicy")["kai-ray-scheduler-writes"]
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    assert policy["spec"]["matchConditions"] == [{
+        "name": "the-scheduler",
+        "expression": "request.userInfo.username == "
+                      "'system:serviceaccount:sched:kai-ray-scheduler'"}]
+    rules = {(r["resources"][0], tuple(r["operations"]))
+             for r in policy["spec"]["matchConstraints"]["resourceRules"]}
+    assert rules == {("pods", ("UPDATE",)), ("configmaps", ("CREATE", "UPDATE", "DELETE"))}
+    binding = by_kind(docs, "ValidatingAdmissionPolicyBinding")["kai-ray-scheduler-writes"]
+    assert binding["spec"] == {"policyName": "kai-ray-scheduler-writes",
+                               "validationActions": ["Deny"]}
+    from kai_ray.grouping import admission
+
+    # the keys the binder writes into a pod's ConfigMap are the ones the policy lets through
+    keys = set(admission.gpu_configmap_data(["GPU-0"], 0.5, 100))
+    text = " ".join(v["expression"] for v in policy["spec"]["validations"])
+    assert all(f"'{k}'" in text for k in keys), keys
+
+
 def test_webhook_configurations_name_the_service_and_trust_the_secret_ca(helm: str) -> None:
     docs = render(helm)
     secret = by_kind(docs, "Secret")["kai-ray-webhook-tls"]
@@ -225,6 +298,30 @@ def test_reservation_values_reach_the_binder_and_its_rbac(helm: str, tmp_path: P
     path.write_text(by_kind(default, "ConfigMap")["kai-ray-scheduler"]["data"]["config.yaml"])
     assert load_config(str(path)).binder.reservation_image.startswith(
         "ghcr.io/kai-ray/reservation:")
+
+
+def test_reservation_namespace_reaches_the_scheduler_and_its_objects(helm: str,
+                                                                      tmp_path: Path) -> None:
+    """reservation.namespace moves the namespace, the reservation pods' account and RBAC, and
+    the scheduler's own grant there, and reaches the binder and the cache through the
+    config (`kai-ray run` reads it: kai_ray.controller.main)."""
+    docs = render(helm, "reservation.namespace=gpu-holders")
+    path = tmp_path / "config.yaml"
+    path.write_text(by_kind(docs, "ConfigMap")["kai-ray-scheduler"]["data"]["config.yaml"])
+    assert load_config(str(path)).binder.reservation_namespace == "gpu-holders"
+    assert "gpu-holders" in by_kind(docs, "Namespace")
+    assert by_kind(docs, "ServiceAccount")["kai-ray-reservation"]["metadata"]["namespace"] == \
+        "gpu-holders"
+    for kind in ("Role", "RoleBinding"):
+        for name in ("kai-ray-reservation", "kai-ray-scheduler-reservation"):
+            assert by_kind(docs, kind)[name]["metadata"]["namespace"] == "gpu-holders"
+    binding = by_kind(docs, "RoleBinding")["kai-ray-reservation"]
+    assert binding["subjects"][0]["namespace"] == "gpu-holders"
+    assert not [d for d in docs if "kai-resource-reservation" in yaml.safe_dump(d)]
+    # the default is KAI's, as the code's
+    default = render(helm)
+    path.write_text(by_kind(default, "ConfigMap")["kai-ray-scheduler"]["data"]["config.yaml"])
+    assert load_config(str(path)).binder.reservation_namespace == "kai-resource-reservation"
 
 
 def test_gpu_sharing_value_reaches_the_webhook(helm: str) -> None:

@@ -54,9 +54,50 @@ def test_the_key_follows_the_installed_sources(monkeypatch: pytest.MonkeyPatch,
 def test_a_new_base_changes_the_images_built_from_it(monkeypatch: pytest.MonkeyPatch) -> None:
     before = {name: images.key(name) for name in images.NAMES}
     monkeypatch.setattr(images, "_debian_release", lambda: "12.99")
-    for name in ("debian-python", "kai-ray-reservation", "kai-ray-ray"):
+    for name in ("debian-python", "kai-ray-reservation", "kai-ray-ray", "kai-ray"):
         assert images.key(name) != before[name], name
     assert images.key("busybox") == before["busybox"]
+
+
+def test_the_scheduler_image_follows_every_source_the_others_only_theirs(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    before = {name: images.key(name) for name in images.NAMES}
+    edited = tmp_path / "scheduler_loop.py"
+    edited.write_text("# changed\n")
+    files = images._kai_ray_files
+    monkeypatch.setattr(images, "_kai_ray_files",
+                        lambda parts: [*files(parts), edited] if "" in parts else files(parts))
+    assert images.key("kai-ray") != before["kai-ray"]
+    for name in ("kai-ray-ray", "kai-ray-reservation"):
+        assert images.key(name) == before[name], name
+
+
+def test_the_scheduler_image_refuses_another_toolchain(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(images, "RUST_VERSION", "0.0.1")
+    with pytest.raises(images.ImageBuildError, match=r"Rust 0\.0\.1"):
+        images._operator_wheel(Path("/nonexistent"), print)
+
+
+def test_the_ray_helper_distribution_is_kai_ray_ray_alone(tmp_path: Path) -> None:
+    import tomllib
+    import zipfile
+
+    import kai_ray
+
+    project = tomllib.loads((images.HELPER_PROJECT / "pyproject.toml").read_text())["project"]
+    assert project["version"] == kai_ray.__version__
+    assert project["dependencies"] == []
+    wheel = images.helper_wheel(tmp_path, print)
+    names = zipfile.ZipFile(wheel).namelist()
+    code = sorted(n for n in names if not n.startswith("kai_ray_helper-"))
+    assert "kai_ray/ray/caps.py" in code and "kai_ray/__init__.py" in code
+    assert all(n.startswith("kai_ray/ray/") or n in ("kai_ray/__init__.py", "kai_ray/py.typed")
+               for n in code), code
+    metadata = zipfile.ZipFile(wheel).read(
+        next(n for n in names if n.endswith("METADATA"))).decode()
+    # nothing of the scheduler's: only the optional NVML bindings
+    requires = [line for line in metadata.splitlines() if line.startswith("Requires-Dist")]
+    assert requires == ['Requires-Dist: nvidia-ml-py>=12; extra == "nvml"'], requires
 
 
 def test_each_image_holds_only_its_slice_of_kai_ray() -> None:
@@ -160,6 +201,19 @@ print(ray.__version__, os.getuid(), ray.get(cap.remote()))
     head = ("ray start --head --num-cpus=1 >/tmp/start.log 2>&1 || cat /tmp/start.log; "
             f"for i in $(seq 60); do {probes} && exit 0; sleep 1; done; exit 1")
     assert run(image, ["bash", "-lc", head], "--shm-size", "512m") == "successsuccess"
+
+
+@pytest.mark.images
+@needs_tools
+def test_the_scheduler_image_runs_the_compiled_and_native_cores(
+        built: dict[str, images.ImageArchive]) -> None:
+    image = built["kai-ray"]
+    check = ("import os, kai_ray_native, kai_ray.core.schedule as s; "
+             "print(os.getuid(), s.__file__.endswith('.so'))")
+    out = run(image, ["-c", check], "--entrypoint", "python3")
+    assert out.split() == ["65532", "True"]
+    # the entry point: `kai-ray demo` through it, on the Rust core
+    assert "4 of 4 scenarios behaved as expected" in run(image, ["demo", "--core", "native"])
 
 
 @pytest.mark.images

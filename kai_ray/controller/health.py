@@ -15,9 +15,11 @@ While `starting` names what start-up waits for (the watch cache's first lists of
 take up to a minute), the loop and the informers not listed yet count as healthy, so that the
 liveness probe does not kill a scheduler that has not started; start-up has its own time limit.
 
-Leader state is reported, never a failure: a follower is healthy. `/readyz` (the readiness
-probe) is 200 once every informer has listed its objects. Both answer JSON naming each check,
-so `curl` says what is wrong.
+Leader state is reported, never a failure: a follower is healthy. So are the optional watches
+(`watches`: the pod grouper's RayCluster watch), on both endpoints as `watch:<resource>`: one the
+API server refuses (no RBAC) or does not serve (no KubeRay) says so in its `detail`, and the
+scheduler still works without it. `/readyz` (the readiness probe) is 200 once every informer has
+listed its objects. Both answer JSON naming each check, so `curl` says what is wrong.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import json
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -45,14 +47,16 @@ class Health:
     """What the endpoints read. `loop`: a SchedulerLoop (cycle_started, last_progress,
     last_error); `cache`: a ClusterCache (informers); `loop_thread`: None until it starts;
     `threads`: more worker threads, by name, read when asked (pools start their threads
-    lazily); `is_leader`: None without election; `starting`: what start-up waits for (`started()`
-    ends it)."""
+    lazily); `watches`: the optional watches' states by resource (each with `ok`, always
+    true); `is_leader`: None without election; `starting`: what start-up waits for
+    (`started()` ends it)."""
 
     config: HealthConfig
     loop: Any
     cache: Any
     loop_thread: Callable[[], threading.Thread | None]
     threads: Callable[[], Iterable[threading.Thread]] = lambda: ()
+    watches: Callable[[], Mapping[str, Mapping[str, Any]]] = lambda: {}
     is_leader: Callable[[], bool] | None = None
     # when the API server last answered the loop's own client (monotonic), None if unknown
     last_answer: Callable[[], float] | None = None
@@ -122,14 +126,19 @@ class Health:
         for t in self.threads():
             checks[f"thread:{t.name}"] = ({"ok": True} if t.is_alive() else
                                           {"ok": False, "detail": "not running"})
+        checks.update(self._watches())
         ok = all(c["ok"] for c in checks.values())
         self._log_changes(checks)
         return ok, checks
 
     def readyz(self) -> tuple[bool, dict[str, Any]]:
-        checks = {f"informer:{inf.name}": {"ok": inf.synced.is_set()}
-                  for inf in self.cache.informers}
+        checks: dict[str, dict[str, Any]] = {f"informer:{inf.name}": {"ok": inf.synced.is_set()}
+                                             for inf in self.cache.informers}
+        checks.update(self._watches())
         return all(c["ok"] for c in checks.values()), checks
+
+    def _watches(self) -> dict[str, dict[str, Any]]:
+        return {f"watch:{name}": dict(state) for name, state in self.watches().items()}
 
     def _log_changes(self, checks: dict[str, dict[str, Any]]) -> None:
         """Say in the log when a check turns bad and when it is good again."""

@@ -10,6 +10,7 @@ import sys
 import threading
 from typing import Any
 
+from kai_ray.controller import logsetup, raywatch
 from kai_ray.controller.health import Health, HealthConfig, HealthServer
 from kai_ray.controller.leader import LeaderElector, LeaseConfig
 from kai_ray.controller.metrics import SchedulerMetrics, start_metrics_server
@@ -90,8 +91,7 @@ def run_settings(args: argparse.Namespace
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logsetup.configure(getattr(args, "log_level", "info"))
     loop_config, conn, file = run_settings(args)
     timeouts = file.api_timeouts()
     api, events_api = api_clients(args, conn, file)
@@ -102,7 +102,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     loop_api = api.sibling(retries=False)
     metrics = SchedulerMetrics()
     cache = ClusterCache(api, watch_timeout=max(1, round(timeouts.watch_s)),
-                         connect_timeout=timeouts.connect_s)
+                         connect_timeout=timeouts.connect_s,
+                         reservation_namespace=loop_config.binder.reservation_namespace)
     loop = SchedulerLoop(loop_api, cache, loop_config, grouper=None,  # no API call yet
                          on_cycle=lambda r: (metrics.record_cycle(r, r.action_seconds.get(
                              "cycle")), metrics.record_events(loop.events.stats())),
@@ -117,6 +118,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         # does not kill the pod meanwhile: /healthz is 200 while starting, /readyz 503
         health = Health(_health_config(file), loop, cache, lambda: worker,
                         threads=lambda: _workers(loop, elector),
+                        watches=lambda: _watches(loop),
                         last_answer=lambda: loop_api.last_answer,
                         starting="waiting for the watch cache to sync")
         health_server = HealthServer(health, args.health_port,
@@ -200,6 +202,13 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 STOP_GRACE_S = 30.0  # for the loop to finish the write in flight at SIGTERM
+
+
+def _watches(loop: SchedulerLoop) -> dict[str, dict[str, object]]:
+    """The optional watches' states for /healthz and /readyz (the grouper starts its RayCluster
+    watch on its first pass)."""
+    watch = getattr(loop.grouper, "ray_watch", None)
+    return {} if watch is None else {raywatch.RESOURCE: watch.state()}
 
 
 def _workers(loop: SchedulerLoop, elector: LeaderElector | None) -> list[threading.Thread]:

@@ -1,6 +1,8 @@
 """Which RayClusters changed their spec, from a watch: the pod grouper regroups one of their
 pods at once, so a new minReplicas (or a suspended worker group) reaches the PodGroup within a
-cycle instead of at the next resync. Without KubeRay's CRD it retries quietly every 30 s."""
+cycle instead of at the next resync. Without KubeRay's CRD (404), or without RBAC to list and
+watch RayClusters (403), it tries again every 30 s; each change of that state is logged once
+and `state()` says it for /healthz and /readyz."""
 
 from __future__ import annotations
 
@@ -12,6 +14,9 @@ from kubernetes.client.rest import ApiException
 
 log = logging.getLogger(__name__)
 Key = tuple[str, str]  # (namespace, name)
+RESOURCE = "rayclusters.ray.io"
+# neither a missing CRD nor missing RBAC goes away within seconds; other faults may
+REFUSED_RETRY_S, FAULT_RETRY_S = 30.0, 1.0
 
 
 class RayClusterWatch:
@@ -23,6 +28,8 @@ class RayClusterWatch:
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self.thread = threading.Thread(target=self._run, name="raycluster-watch", daemon=True)
+        # None while the watch works (or has not answered yet); else why it does not
+        self.problem: str | None = None
 
     def start(self) -> RayClusterWatch:
         self.thread.start()
@@ -35,6 +42,25 @@ class RayClusterWatch:
         with self.lock:
             out, self.changed = self.changed, set()
         return out
+
+    def state(self) -> dict[str, object]:
+        """For the health endpoints: informational, never a failure (the pod grouper still
+        regroups every RayCluster's pods at its resync, only later)."""
+        out: dict[str, object] = {"ok": True, "watching": self.problem is None}
+        if self.problem is not None:
+            out["detail"] = self.problem
+        return out
+
+    def _set_problem(self, problem: str | None, level: int = logging.WARNING) -> None:
+        """Log the watch's state when it changes, not at every retry."""
+        if problem == self.problem:
+            return
+        if problem is not None:
+            log.log(level, "watch of %s %s", RESOURCE, problem)
+        else:
+            log.info("watch of %s works again: minReplicas changes are followed at once",
+                     RESOURCE)
+        self.problem = problem
 
     def _list(self, **kwargs: object) -> object:
         return self.custom.list_cluster_custom_object("ray.io", "v1", "rayclusters", **kwargs)
@@ -56,6 +82,7 @@ class RayClusterWatch:
             try:
                 listing = self._list()
                 assert isinstance(listing, dict)
+                self._set_problem(None)
                 for obj in listing.get("items") or []:
                     self._seen(obj, "ADDED")
                 rv = (listing.get("metadata") or {}).get("resourceVersion")
@@ -67,8 +94,17 @@ class RayClusterWatch:
                     if event["type"] in ("ADDED", "MODIFIED", "DELETED"):
                         self._seen(event["object"], event["type"])
             except ApiException as e:
-                # 404: KubeRay's CRDs are not installed (yet)
-                self.stopping.wait(30.0 if e.status == 404 else 1.0)
+                if e.status == 403:
+                    self._set_problem(
+                        f"refused ({e.status} {e.reason}): the scheduler's RBAC lacks "
+                        "list/watch; minReplicas changes are not followed at once, only at "
+                        "the pod grouper's periodic resync")
+                elif e.status == 404:  # KubeRay's CRDs are not installed (yet)
+                    self._set_problem("not served (404): is KubeRay installed? Looking again "
+                                      f"every {REFUSED_RETRY_S:.0f}s", logging.INFO)
+                else:
+                    log.debug("RayCluster watch: %s %s; restarting", e.status, e.reason)
+                self.stopping.wait(REFUSED_RETRY_S if e.status in (403, 404) else FAULT_RETRY_S)
             except Exception as e:  # the API server restarting, a broken stream
                 log.debug("RayCluster watch: %s; restarting", e)
-                self.stopping.wait(1.0)
+                self.stopping.wait(FAULT_RETRY_S)

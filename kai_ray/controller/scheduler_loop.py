@@ -172,6 +172,10 @@ class SchedulerLoop:
                      self.cycles, len(snapshot.jobs), t_snap - start,
                      t_core - t_snap, len(result.binds), len(result.evictions),
                      len(result.job_status), end - t_core)
+        else:  # an idle cycle: once a second, so only at --log-level debug
+            log.debug("cycle %d: snapshot of %d jobs (%.2fs), core %.2fs, nothing to do, "
+                      "%d pending jobs", self.cycles, len(snapshot.jobs), t_snap - start,
+                      t_core - t_snap, len(result.job_status))
         if self.on_cycle is not None:
             self.on_cycle(result)
         return result

@@ -12,6 +12,7 @@ import logging
 import signal
 import threading
 
+from kai_ray.controller import logsetup
 from kai_ray.controller.main import api_client
 from kai_ray.controller.webhook import WebhookConfig, start_webhook
 from kai_ray.grouping.config import GroupingConfig
@@ -38,8 +39,7 @@ def webhook_config(args: argparse.Namespace) -> WebhookConfig:
 
 
 def cmd_webhook(args: argparse.Namespace) -> int:
-    logging.basicConfig(level=logging.INFO,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logsetup.configure(getattr(args, "log_level", "info"))
     config = webhook_config(args)
     api = api_client(args.kubeconfig, pool_size=8)
     hook = start_webhook(args.kubeconfig, config, api=api)

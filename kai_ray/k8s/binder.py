@@ -6,11 +6,11 @@ cache reads intents back as pods in state Binding, so after a crash the restarte
 neither re-decides them nor gives their room away, and `resume()` finishes the binds. A gang is
 therefore never left partly bound by a crash.
 
-GPU sharing as KAI does it: one reservation pod per shared device (namespace
-`kai-resource-reservation`, `nvidia.com/gpu: 1`, pinned to the node) whose own program
-(`kai_ray.reservation`) reports the physical GPU id in annotation `run.ai/reserve_for_gpu_index`;
-sharing pods carry label `runai-gpu-group` and get a per-pod ConfigMap with
-NVIDIA_VISIBLE_DEVICES and GPU_PORTION.
+GPU sharing as KAI does it: one reservation pod per shared device (in the configured
+reservation namespace, KAI's `kai-resource-reservation` by default; `nvidia.com/gpu: 1`, pinned
+to the node) whose own program (`kai_ray.reservation`) reports the physical GPU id in
+annotation `run.ai/reserve_for_gpu_index`; sharing pods carry label `runai-gpu-group` and get a
+per-pod ConfigMap with NVIDIA_VISIBLE_DEVICES and GPU_PORTION.
 
 The binder never waits for a reservation pod. A sharing pod whose device has not been reported
 yet stays in its gang's bind intent (so it keeps its place, as Binding) and is bound by a later
@@ -72,6 +72,9 @@ class BinderConfig:
     # kai-ray's (operator/reservation.Dockerfile); KAI's resource-reservation image works too
     reservation_image: str = RESERVATION_IMAGE
     reservation_service_account: str = RESERVATION_SERVICE_ACCOUNT
+    # the namespace of the reservation pods (and of their ServiceAccount); the cache must be
+    # given the same one (ClusterCache(reservation_namespace=...))
+    reservation_namespace: str = convert.RESERVATION_NAMESPACE
     # refused binds of one pod (one try per cycle) before it and its gang's unbound pods go
     # back to Pending with a BindFailed condition and a back-off; 404 (gone) and 409 (bound)
     # are not failures, and transient faults (resets, timeouts, 429, 5xx) are retried with a
@@ -552,12 +555,19 @@ class Binder:
     # ------------------------------------------------------------------ GPU sharing
     def _ensure_reservation_access(self) -> None:
         """The reservation namespace, and the ServiceAccount its pods report with (allowed to
-        patch pods there, nothing else). The chart creates them and grants the
-        scheduler none of these writes (403): then they are only checked."""
+        patch pods there, nothing else). The chart creates them and grants the scheduler none
+        of these writes, only a read of the account: found, nothing is written."""
         if self.reservation_ns_ready:
             return
-        ns = convert.RESERVATION_NAMESPACE
+        ns = self.config.reservation_namespace
         sa = self.config.reservation_service_account
+        try:
+            self.core.read_namespaced_service_account(sa, ns)
+            self.reservation_ns_ready = True
+            return
+        except ApiException as e:
+            if e.status not in (403, 404):
+                raise
         role = {"metadata": {"name": sa, "namespace": ns},
                 "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["patch"]}]}
         binding = {"metadata": {"name": sa, "namespace": ns},
@@ -603,7 +613,7 @@ class Binder:
         (so one KAI created is found too), from the pods this call was given."""
         if self._reservations is None:
             index: dict[tuple[str, str], Obj] = {}
-            prefix = f"{convert.RESERVATION_NAMESPACE}/"
+            prefix = f"{self.config.reservation_namespace}/"
             for key, p in pods.items():
                 m = p.get("metadata") or {}
                 g = (m.get("labels") or {}).get(convert.GPU_GROUP_LABEL)
@@ -619,7 +629,7 @@ class Binder:
                      for var, path in (("POD_NAME", "metadata.name"),
                                        ("POD_NAMESPACE", "metadata.namespace"))]
         body = {
-            "metadata": {"name": name, "namespace": convert.RESERVATION_NAMESPACE,
+            "metadata": {"name": name, "namespace": self.config.reservation_namespace,
                          "labels": {"app": RESERVATION_APP, convert.GPU_GROUP_LABEL: group},
                          "annotations": {"karpenter.sh/do-not-disrupt": "true"}},
             "spec": {
@@ -644,7 +654,7 @@ class Binder:
                                         "capabilities": {"drop": ["ALL"]}}}]},
         }
         try:
-            self.core.create_namespaced_pod(convert.RESERVATION_NAMESPACE, body)
+            self.core.create_namespaced_pod(self.config.reservation_namespace, body)
         except ApiException as e:
             if e.status != 409:
                 raise
@@ -670,7 +680,7 @@ class Binder:
         if not waiting:
             return devices
         self.events.emit(pod, "WaitingForGPUReservation",
-                         f"waiting for GPU reservation pod {convert.RESERVATION_NAMESPACE}/"
+                         f"waiting for GPU reservation pod {self.config.reservation_namespace}/"
                          f"{'; '.join(waiting)} to report its device (annotation "
                          f"{GPU_INDEX_ANNOTATION}) before binding to {b.node}")
         return None
@@ -685,8 +695,9 @@ class Binder:
         except ApiException as e:
             refused = f"creating it was refused: {e.status} {e.reason}"
             if time.monotonic() - since > self.config.reservation_timeout_s:
-                raise ReservationFailed(name, f"GPU reservation pod {convert.RESERVATION_NAMESPACE}"
-                                        f"/{name} could not be created within "
+                raise ReservationFailed(name, "GPU reservation pod "
+                                        f"{self.config.reservation_namespace}/{name} "
+                                        "could not be created within "
                                         f"{self.config.reservation_timeout_s:.0f}s: {refused}"
                                         ) from None
             return f"{name} ({refused})"
@@ -704,7 +715,7 @@ class Binder:
                 if detail:
                     state = ": ".join(x for x in (detail.get("reason"), detail.get("message"))
                                       if x)
-        where = f"{convert.RESERVATION_NAMESPACE}/{m['name']}"
+        where = f"{self.config.reservation_namespace}/{m['name']}"
         if status.get("phase") in ("Failed", "Succeeded"):
             raise ReservationFailed(m["name"], f"GPU reservation pod {where} ended "
                                     f"({status.get('phase')}) without reporting its device"
@@ -725,7 +736,7 @@ class Binder:
         """Delete the failed reservation pod and tell the pod that waited for it."""
         self._waiting_since.pop(failure.pod_name, None)  # a new attempt gets its own time
         try:
-            self.core.delete_namespaced_pod(failure.pod_name, convert.RESERVATION_NAMESPACE)
+            self.core.delete_namespaced_pod(failure.pod_name, self.config.reservation_namespace)
         except ApiException as e:
             if e.status != 404:
                 log.warning("reservation pod %s not deleted: %s", failure.pod_name, e.status)
@@ -793,7 +804,7 @@ class Binder:
         reservations: list[Obj] = []
         for pod in pods:
             m = pod.get("metadata") or {}
-            if m.get("namespace") == convert.RESERVATION_NAMESPACE:
+            if m.get("namespace") == self.config.reservation_namespace:
                 if (m.get("labels") or {}).get("app") == RESERVATION_APP:
                     reservations.append(pod)
                 continue
@@ -814,7 +825,7 @@ class Binder:
                 continue
             try:
                 self.core.delete_namespaced_pod(r["metadata"]["name"],
-                                                convert.RESERVATION_NAMESPACE)
+                                                self.config.reservation_namespace)
                 removed += 1
             except ApiException as e:
                 if e.status != 404:

@@ -220,9 +220,13 @@ class ClusterCache:
     """Nodes, pods, PodGroups, Queues and PriorityClasses, and the snapshot built from them."""
 
     def __init__(self, api: client.ApiClient, watch_timeout: int = 60,
-                 connect_timeout: float = 5.0) -> None:
+                 connect_timeout: float = 5.0,
+                 reservation_namespace: str = convert.RESERVATION_NAMESPACE) -> None:
         """`watch_timeout`: seconds each watch lasts before it is opened again (a silent one
-        is noticed that much later); `connect_timeout`: seconds to reach the API server."""
+        is noticed that much later); `connect_timeout`: seconds to reach the API server;
+        `reservation_namespace`: where the binder's GPU reservation pods live (its
+        BinderConfig's), whose pods stand for shared devices."""
+        self.reservation_namespace = reservation_namespace
         core = client.CoreV1Api(api)
         custom = client.CustomObjectsApi(api)
         sched = client.SchedulingV1Api(api)
@@ -288,7 +292,10 @@ class ClusterCache:
         deadline = time.monotonic() + timeout
         for inf in self.informers:
             if not inf.synced.wait(max(0.0, deadline - time.monotonic())):
-                raise TimeoutError(f"cache: {inf.name} did not sync within {timeout:.0f}s")
+                # the last error says why (403: the RBAC lacks list/watch on the kind)
+                raise TimeoutError(f"cache: {inf.name} did not sync within {timeout:.0f}s"
+                                   + (f" (last error: {inf.last_error})" if inf.last_error
+                                      else ""))
 
     def stop(self) -> None:
         for inf in self.informers:
@@ -320,7 +327,7 @@ class ClusterCache:
                 if group:
                     by_group.setdefault((m.get("namespace", ""), group), []).append(pod)
                 continue
-            if m.get("namespace") == convert.RESERVATION_NAMESPACE \
+            if m.get("namespace") == self.reservation_namespace \
                     and not m.get("deletionTimestamp"):
                 reservations.append(pod)
                 continue

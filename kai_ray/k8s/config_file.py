@@ -10,6 +10,7 @@ the key: `<file>: <dotted.key>: <what is wrong>, got <value>`.
 from __future__ import annotations
 
 import json
+import re
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -58,12 +59,24 @@ def _distinct(actions: list[str]) -> list[str]:
     return actions
 
 
+_DNS_LABEL = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+
+
+def _namespace(value: str) -> str:
+    if len(value) > 63 or not re.match(_DNS_LABEL, value):
+        raise ValueError("expected a namespace name (lower-case letters, digits and '-', at "
+                         "most 63)")
+    return value
+
+
 def _empty_is_default(value: object) -> object:
     # `health:` with nothing under it (YAML null) is the defaults, as a missing section
     return {} if value is None else value
 
 
 Text = Annotated[str, BeforeValidator(_text), WithJsonSchema({"type": "string", "minLength": 1})]
+Namespace = Annotated[str, BeforeValidator(_text), AfterValidator(_namespace),
+                     WithJsonSchema({"type": "string", "pattern": _DNS_LABEL, "maxLength": 63})]
 
 
 class _Model(BaseModel):
@@ -149,6 +162,9 @@ class ReservationSettings(_Model):
     service_account_name: Text = Field(_BINDER.reservation_service_account,
                                        alias="serviceAccountName",
                                        description="Their service account.")
+    namespace: Namespace = Field(
+        _BINDER.reservation_namespace,
+        description="The namespace of the reservation pods and of their service account.")
     timeout_seconds: float = Field(
         _BINDER.reservation_timeout_s, gt=0, lt=86400, alias="timeoutSeconds",
         description="How long a reservation pod may take to report its device.")
@@ -253,11 +269,13 @@ class ConfigFile:
                               max_informer_silence_s=float(section.max_informer_silence_seconds))
 
     def binder(self) -> BinderConfig:
-        """reservation {image, serviceAccountName, timeoutSeconds}; defaults when absent."""
+        """reservation {image, serviceAccountName, namespace, timeoutSeconds}; defaults when
+        absent."""
         section = _section(ReservationSettings, self.raw, "reservation", self.path)
         return BinderConfig(reservation_timeout_s=float(section.timeout_seconds),
                             reservation_image=section.image,
-                            reservation_service_account=section.service_account_name)
+                            reservation_service_account=section.service_account_name,
+                            reservation_namespace=section.namespace)
 
     def check(self) -> None:
         """Every key of the file, section by section (the first error stops)."""

@@ -32,6 +32,7 @@ refused or did not answer), and `forgotten` (keys pushed out of a full memory). 
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
@@ -256,9 +257,12 @@ class EventRecorder:
             with self._lock:
                 self.failed += 1
             where = (body["reason"], w.namespace, body["involvedObject"].get("name"))
-            if isinstance(e, ApiException | OSError):
-                log.warning("event %s on %s/%s not written: %s", *where,
-                            getattr(e, "status", e))
+            if isinstance(e, ApiException):
+                # the API's message tells a missing RBAC grant from a namespace being deleted
+                log.warning("event %s on %s/%s not written: %s %s%s", *where, e.status,
+                            e.reason, f": {_message(e)}" if _message(e) else "")
+            elif isinstance(e, OSError):
+                log.warning("event %s on %s/%s not written: %s", *where, e)
             else:
                 log.warning("event %s on %s/%s not written: %s: %s", *where,
                             type(e).__name__, e)
@@ -273,3 +277,12 @@ class EventRecorder:
                 seen.busy = False
                 seen.misses = 0
                 seen.wrote = self.clock()
+
+
+def _message(e: ApiException) -> str:
+    """The `message` of an API error's Status body, cut short ("" when it has none)."""
+    try:
+        body = json.loads(e.body) if isinstance(e.body, str | bytes) and e.body else {}
+    except ValueError:
+        return ""
+    return str(body.get("message") or "")[:300] if isinstance(body, dict) else ""

@@ -159,10 +159,26 @@ class Suspender:
         try:
             # the demand first: a crash between the two writes leaves a gang waiting, not lost
             self._annotate(pg, json.dumps(demand_of(pods), separators=(",", ":")))
-            self._patch_job(job, True)
         except ApiException as e:
-            log.warning("RayJob %s not suspended: %s %s", job["metadata"]["name"], e.status,
+            log.warning("RayJob %s not suspended (PodGroup %s not annotated: %s %s): evicting "
+                        "its pods", job["metadata"]["name"], pg["metadata"]["name"], e.status,
                         e.reason)
+            return False
+        try:
+            self._patch_job(job, True)
+        except Exception as e:  # refused (403: no RBAC to patch rayjobs), a fault
+            why = f"{e.status} {e.reason}" if isinstance(e, ApiException) else repr(e)
+            log.warning("RayJob %s/%s not suspended (%s%s): evicting its pods",
+                        job["metadata"]["namespace"], job["metadata"]["name"], why,
+                        ": the scheduler may not patch rayjobs.ray.io"
+                        if getattr(e, "status", None) == 403 else "")
+            # its pods are evicted instead; the demand left behind would live on as stand-in
+            # pods once they are gone, holding room for a gang that is not suspended
+            try:
+                self._annotate(pg, None)
+            except Exception as undo:
+                log.warning("PodGroup %s: annotation %s not removed: %s",
+                            pg["metadata"]["name"], DEMAND_ANNOTATION, undo)
             return False
         self.events.emit(job, "Suspended", f"{message}; the RayJob is suspended and resumes "
                          "when its gang fits again", kind="RayJob",

@@ -59,10 +59,12 @@ class Live:
     taken: float  # wall-clock time of the read
 
 
-def read_cluster(kubeconfig: str | None) -> Live:
+def read_cluster(kubeconfig: str | None, config: str | None = None) -> Live:
     """List every kind the scheduler watches once (no watch threads: a one-shot command must
-    exit cleanly) into the scheduler's own cache, and take its snapshot."""
-    cache = ClusterCache(api_client(kubeconfig))
+    exit cleanly) into the scheduler's own cache, and take its snapshot. `config`: the
+    scheduler's configuration file, for its reservation namespace."""
+    cache = ClusterCache(api_client(kubeconfig), reservation_namespace=config_file.load(
+        config).binder().reservation_namespace)
     for informer in cache.informers:
         informer._list()
     snapshot, problems, podgroups = cache.snapshot()
@@ -170,7 +172,7 @@ def queue_problems(live: Live, rows: list[dict[str, Any]]) -> list[str]:
 
 
 def cmd_queues(args: argparse.Namespace) -> int:
-    live = read_cluster(args.kubeconfig)
+    live = read_cluster(args.kubeconfig, getattr(args, "config", None))
     config = scheduler_config(getattr(args, "config", None))
     rows = queue_rows(live.snapshot, config, live.taken)
     problems = queue_problems(live, rows)
@@ -476,7 +478,7 @@ def render_explain(doc: dict[str, Any]) -> str:
 
 
 def cmd_explain(args: argparse.Namespace) -> int:
-    live = read_cluster(args.kubeconfig)
+    live = read_cluster(args.kubeconfig, getattr(args, "config", None))
     doc = explain(live, scheduler_config(getattr(args, "config", None)), args.namespace,
                   args.name)
     if args.output == "json":
@@ -624,7 +626,7 @@ def predicted(result: CycleResult) -> dict[str, Any]:
 
 
 def cmd_snapshot(args: argparse.Namespace) -> int:
-    live = read_cluster(args.kubeconfig)
+    live = read_cluster(args.kubeconfig, getattr(args, "config", None))
     config = scheduler_config(getattr(args, "config", None))
     for p in live.problems:
         print(f"kai-ray snapshot: left out: {p}", file=sys.stderr)

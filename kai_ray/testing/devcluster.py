@@ -71,6 +71,11 @@ def cmd_up(args: argparse.Namespace) -> int:
 
     real_node = bool(getattr(args, "real_node", False))
     real_node_gpus = getattr(args, "real_node_gpus", 2)
+    install = bool(getattr(args, "install", False))
+    if install and not real_node:
+        print("dev-cluster up: --install needs --real-node (the chart's pods need a node that "
+              "runs containers; KWOK nodes only pretend to)", file=sys.stderr)
+        return 2
     if args.nodes < 0 or args.gpus_per_node < 0 or real_node_gpus < 0:
         print("dev-cluster up: --nodes, --gpus-per-node and --real-node-gpus must be >= 0",
               file=sys.stderr)
@@ -90,7 +95,9 @@ def cmd_up(args: argparse.Namespace) -> int:
     directory.mkdir(parents=True)
 
     t0 = time.monotonic()
-    plane = ControlPlane(directory, detached=True, real_node=real_node)
+    # with a real node, kube-scheduler places the pods that are not ours (the chart's own)
+    plane = ControlPlane(directory, detached=True, real_node=real_node,
+                         kube_scheduler=real_node)
     try:
         _link_tools(directory)
         plane.start()
@@ -98,9 +105,14 @@ def cmd_up(args: argparse.Namespace) -> int:
         if real_node:
             from kai_ray.testing.realnode import RealNode
 
-            _load_images(RealNode(plane, gpus=real_node_gpus).start())
+            node = RealNode(plane, gpus=real_node_gpus).start()
+            _load_images(node)
         if args.kuberay:
             start_kuberay_operator(plane)
+        if install:
+            from kai_ray.testing.install import ChartInstall
+
+            chart = ChartInstall(plane.kubeconfig, node).install()
     except BaseException as e:
         plane.stop()
         print(f"dev-cluster up failed: {e}\n(logs kept in {plane.logs_dir})", file=sys.stderr)
@@ -116,6 +128,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     if real:
         print(f"dev-cluster: real node {real['name']} Ready in {real['ready_seconds']} s with "
               f"{real_node_gpus} fake nvidia.com/gpu (kubelet, containerd; docs/real-node.md)")
+    if install:
+        print(f"dev-cluster: kai-ray installed by helm (release {chart.release}, namespace "
+              f"{chart.namespace}): scheduler and webhook Ready {chart.timings['ready_s']} s "
+              "after `helm install`; `kubectl -n kai-ray logs deploy/kai-ray-scheduler`")
     print("# use it from this shell with:  eval \"$(kai-ray dev-cluster env)\"")
     print("\n".join(_env_lines(directory)))
     return 0

@@ -9,6 +9,8 @@ saved as a docker-archive tar that `ctr -n k8s.io images import` accepts:
     debian-python        Debian bookworm minbase + python3, pip, wget (mmdebstrap, podman import)
     kai-ray-reservation  the GPU reservation pod: `python3 -m kai_ray.reservation`, user 65532
     kai-ray-ray          Ray (ray[default], pinned) + kai_ray, so Ray workers `import kai_ray.ray`
+    kai-ray              the scheduler/webhook image the chart runs (operator/Dockerfile): kai-ray
+                         with the core compiled (mypyc) and the Rust core, on debian-python
 
 Each archive lives in $KAI_RAY_CACHE/images/<name>/<key>/ (default ~/.cache/kai-ray), where
 the key hashes everything that decides its bytes: the Dockerfile, the files put in the build
@@ -49,6 +51,10 @@ BUSYBOX = Path("/bin/busybox")  # from busybox-static
 # NVML bindings kai_ray.reservation and kai_ray.ray use.
 RAY_VERSION = "2.60.0"
 NVML_VERSION = "13.615.71"
+# The toolchains of the kai-ray image's wheel, built on the host: the build refuses others, so
+# the image's compiled code does not change with whatever the host has.
+RUST_VERSION = "1.95.0"
+MYPY_VERSION = "2.4.1"
 DEBIAN_SUITE = "bookworm"
 # The suite alone, without -updates and -security: it changes only at point releases, so the
 # point release (12.x) the host's package lists name pins the rootfs (checked after the build).
@@ -269,6 +275,28 @@ def _kai_ray_wheel(dest: Path, parts: tuple[str, ...], log: Log) -> None:
               "-w", str(dest), str(src)], "pip wheel kai_ray", log, env=env)
 
 
+HELPER_PROJECT = REPO / "packaging" / "ray-helper"
+HELPER_PARTS = ("__init__.py", "py.typed", "ray/")
+
+
+def helper_wheel(dest: Path, log: Log) -> Path:
+    """Builds the kai-ray-helper distribution (kai_ray.ray alone, no dependencies:
+    packaging/ray-helper/pyproject.toml) into `dest`; returns the wheel's path."""
+    with tempfile.TemporaryDirectory(prefix="kai-ray-helper-") as tmp:
+        src = Path(tmp)
+        shutil.copy2(HELPER_PROJECT / "pyproject.toml", src / "pyproject.toml")
+        for path in _kai_ray_files(HELPER_PARTS):
+            target = src / path.relative_to(REPO)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, target)
+        before = set(dest.glob("kai_ray_helper-*.whl")) if dest.is_dir() else set()
+        _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+              "-w", str(dest), str(src)], "pip wheel kai-ray-helper", log)
+    built = sorted(set(dest.glob("kai_ray_helper-*.whl")) - before) or sorted(
+        dest.glob("kai_ray_helper-*.whl"))
+    return built[-1]
+
+
 def _wheel_target() -> list[str]:
     """pip's flags for wheels that run on the image's Python (Debian bookworm's CPython 3.11,
     glibc 2.36), whatever Python runs this."""
@@ -304,13 +332,16 @@ def _wheels(requirements: list[str], log: Log) -> Path:
     return final
 
 
-def _python_image(dockerfile: str, requirements: list[str], parts: tuple[str, ...]) -> tuple[
+def _python_image(dockerfile: str, requirements: list[str], parts: tuple[str, ...],
+                  helper: bool = False) -> tuple[
         Callable[[], list[tuple[str, bytes]]], Callable[[Path, str, Log], None]]:
     """Inputs and builder of an image FROM debian-python that installs `requirements` and the
     slice `parts` of kai_ray offline, from the context's wheels/ directory."""
 
     def inputs() -> list[tuple[str, bytes]]:
-        sources = [REPO / "pyproject.toml", REPO / "setup.py", *_kai_ray_files(parts)]
+        project = ([HELPER_PROJECT / "pyproject.toml"] if helper
+                   else [REPO / "pyproject.toml", REPO / "setup.py"])
+        sources = [*project, *_kai_ray_files(parts)]
         wheels = [*_wheel_target(), *requirements]
         return [_file(OPERATOR / dockerfile), ("wheels", "\n".join(wheels).encode()),
                 *(_file(p) for p in sources)]
@@ -319,7 +350,10 @@ def _python_image(dockerfile: str, requirements: list[str], parts: tuple[str, ..
         wheels = work / "wheels"
         shutil.copytree(_wheels(requirements, log), wheels, copy_function=os.link,
                         ignore=shutil.ignore_patterns(_MARKER))
-        _kai_ray_wheel(wheels, parts, log)
+        if helper:
+            helper_wheel(wheels, log)
+        else:
+            _kai_ray_wheel(wheels, parts, log)
         base = ensure("debian-python", log=log)
         _load(base, log)
         log(f"   podman build FROM {base.ref}")
@@ -343,11 +377,85 @@ def _load(image: ImageArchive, log: Log) -> None:
         _run(_podman("load", "-q", "-i", str(image.path)), f"podman load {image.ref}", log)
 
 
+# ---------------------------------------------------------------------------- kai-ray
+def _toolchain(cmd: list[str], want: str, what: str) -> bytes:
+    """The output of `cmd --version`, which must name version `want`."""
+    out = _version(*cmd).decode()
+    if want not in out.split():
+        raise ImageBuildError(f"the kai-ray image is built with {what} {want}; "
+                              f"`{' '.join(cmd)}` says {out.strip() or 'nothing (not found)'}")
+    return out.encode()
+
+
+def _operator_requirements() -> list[str]:
+    """kai-ray's dependencies, each pinned to the version this environment runs (the tests ran
+    against those)."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    pins = []
+    for line in metadata.requires("kai-ray") or []:
+        req = Requirement(line)
+        if req.marker is None:  # extras (ray, test, ...) carry a marker
+            pins.append(f"{req.name}=={metadata.version(req.name)}")
+    return sorted(pins)
+
+
+def _operator_sources() -> list[Path]:
+    native = REPO / "native"
+    rust = sorted(p for p in native.rglob("*") if p.is_file() and "target" not in
+                  p.relative_to(native).parts and p.suffix in (".rs", ".toml", ".lock"))
+    return [REPO / "pyproject.toml", REPO / "setup.py", *_kai_ray_files(("",)), *rust]
+
+
+def _operator_inputs() -> list[tuple[str, bytes]]:
+    return [_file(OPERATOR / "Dockerfile"), _file(OPERATOR / "entrypoint.sh"),
+            ("requirements", "\n".join([*_wheel_target(), *_operator_requirements()]).encode()),
+            ("toolchains", f"rust {RUST_VERSION} mypy {MYPY_VERSION}".encode()),
+            ("gcc", _version("gcc", "--version")),
+            *(_file(p) for p in _operator_sources())]
+
+
+def _operator_wheel(dest: Path, log: Log) -> None:
+    """kai-ray's wheel with the core compiled by mypyc and the Rust core, from a copy of the
+    sources; cargo's target directory is cached so a rebuild compiles only what changed."""
+    _toolchain(["rustc", "--version"], RUST_VERSION, "Rust")
+    _toolchain([sys.executable, "-m", "mypy", "--version"], MYPY_VERSION, "mypy")
+    with tempfile.TemporaryDirectory(prefix="kai-ray-src-") as tmp:
+        src = Path(tmp)
+        for path in _operator_sources():
+            target = src / path.relative_to(REPO)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, target)
+        (src / "README.md").write_text("kai-ray\n")
+        target_dir = cache_root() / "cargo-target"
+        env = {**os.environ, "KAI_RAY_COMPILE": "1", "KAI_RAY_NATIVE": "1",
+               "CARGO_TARGET_DIR": str(target_dir)}
+        log("   pip wheel kai-ray (mypyc + Rust core; 3-6 min cold)")
+        _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+              "-w", str(dest), str(src)], "pip wheel kai-ray (compiled)", log, env=env)
+
+
+def _make_operator(work: Path, ref: str, log: Log) -> None:
+    wheels = work / "wheels"
+    requirements = _operator_requirements()
+    shutil.copytree(_wheels(requirements, log), wheels, copy_function=os.link,
+                    ignore=shutil.ignore_patterns(_MARKER))
+    _operator_wheel(wheels, log)
+    (wheels / "requirements.txt").write_text("\n".join([*requirements, "kai-ray"]) + "\n")
+    shutil.copy2(OPERATOR / "entrypoint.sh", work / "entrypoint.sh")
+    base = ensure("debian-python", log=log)
+    _load(base, log)
+    log(f"   podman build FROM {base.ref}")
+    _podman_build(OPERATOR / "Dockerfile", work, ref, log, base=base.ref)
+
+
 _reservation = _python_image("reservation.Dockerfile", [f"nvidia-ml-py=={NVML_VERSION}"],
                              ("__init__.py", "py.typed", "reservation.py"))
 _ray = _python_image("ray.Dockerfile",
                      [f"ray[default]=={RAY_VERSION}", f"nvidia-ml-py=={NVML_VERSION}"],
-                     ("__init__.py", "py.typed", "ray/"))
+                     HELPER_PARTS, helper=True)
 
 SPECS: dict[str, _Spec] = {s.name: s for s in [
     _Spec("pause", None, lambda key: PAUSE_REF, _pause_inputs, _make_pause),
@@ -360,6 +468,9 @@ SPECS: dict[str, _Spec] = {s.name: s for s in [
           *_reservation),
     _Spec("kai-ray-ray", "debian-python",
           lambda key: f"kai-ray.local/ray:{RAY_VERSION}-{key}", *_ray),
+    _Spec("kai-ray", "debian-python",
+          lambda key: f"kai-ray.local/kai-ray:{kai_ray.__version__}-{key}",
+          _operator_inputs, _make_operator),
 ]}
 NAMES = tuple(SPECS)
 
@@ -498,6 +609,10 @@ def main(argv: list[str] | None = None) -> int:
     build.add_argument("--print-path", action="store_true",
                        help="print only each archive's path, one a line")
     sub.add_parser("list", help="the images, their tags and whether this content is cached")
+    hw = sub.add_parser("helper-wheel", help="build the kai-ray-helper wheel (kai_ray.ray alone, "
+                        "no dependencies) for a Ray image")
+    hw.add_argument("-o", "--out", type=Path, default=Path("dist"),
+                    help="directory (default dist/)")
     args = parser.parse_args(argv)
     if args.command == "list":
         for name in NAMES:
@@ -505,6 +620,14 @@ def main(argv: list[str] | None = None) -> int:
             state = (f"cached {hit.size / 1e6:7.1f} MB, built in {hit.build_seconds:5.1f} s  "
                      f"{hit.path}" if hit else "not built")
             print(f"{name:20} {_spec(name).ref(key(name)):55} {state}")
+        return 0
+    if args.command == "helper-wheel":
+        args.out.mkdir(parents=True, exist_ok=True)
+        try:
+            print(helper_wheel(args.out.resolve(), _stderr))
+        except ImageBuildError as exc:
+            print(f"kai-ray: {exc}", file=sys.stderr)
+            return 1
         return 0
     names = list(NAMES) if "all" in args.names else args.names
     for name in names:

@@ -122,6 +122,23 @@ def test_a_silent_informer_or_a_dead_thread_fails() -> None:
     stop.set()
 
 
+def test_a_refused_optional_watch_is_shown_not_failed() -> None:
+    """The pod grouper's RayCluster watch refused (no RBAC) is reported on both endpoints,
+    and neither fails for it: the scheduler works without it."""
+    health, _, informers, _, stop = _health()
+    for inf in informers:
+        inf.synced.set()
+    refused = {"ok": True, "watching": False, "detail": "refused (403 Forbidden): ..."}
+    health.watches = lambda: {"rayclusters.ray.io": refused}
+    for ok, checks in (health.healthz(), health.readyz()):
+        assert ok and checks["watch:rayclusters.ray.io"] == refused
+    watch = SimpleNamespace(state=lambda: refused)
+    assert main._watches(SimpleNamespace(grouper=SimpleNamespace(ray_watch=watch))) == {
+        "rayclusters.ray.io": refused}
+    assert main._watches(SimpleNamespace(grouper=None)) == {}  # not started yet
+    stop.set()
+
+
 def test_starting_is_alive_but_not_ready() -> None:
     """While the cache lists (the loop's thread not started, informers not listed, nor their
     threads started) /healthz is 200 and /readyz 503; once started, the usual checks."""

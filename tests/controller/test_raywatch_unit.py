@@ -1,7 +1,10 @@
 """RayClusterWatch reports a RayCluster once per spec change (generation), not per status
 update."""
 
+import logging
+
 from kubernetes import client
+from kubernetes.client.rest import ApiException
 
 from kai_ray.controller.raywatch import RayClusterWatch
 
@@ -22,3 +25,48 @@ def test_only_generation_changes_count() -> None:
     w._seen(_rc(2), "DELETED")
     w._seen(_rc(3), "MODIFIED")  # unknown after deletion: reported
     assert w.take() == {("a", "rc")}
+
+
+class _Refusing(RayClusterWatch):
+    """A watch whose lists the API server answers with `answers` in turn (an exception is
+    raised, a dict is a listing); stops itself after the last one."""
+
+    def __init__(self, answers: list) -> None:
+        super().__init__(client.ApiClient())
+        self.answers = list(answers)
+        self.waits: list[float] = []
+        self.stopping.wait = self._wait  # type: ignore[method-assign]
+
+    def _wait(self, seconds: float | None = None) -> bool:
+        self.waits.append(float(seconds or 0))
+        if not self.answers:
+            self.stopping.set()
+        return self.stopping.is_set()
+
+    def _list(self, **kwargs: object) -> object:
+        if kwargs.get("watch"):
+            raise ApiException(status=500, reason="watch ends")  # back to the list
+        answer = self.answers.pop(0)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def test_a_refused_watch_is_logged_once_per_change_and_shown(caplog) -> None:
+    forbidden = ApiException(status=403, reason="Forbidden")
+    w = _Refusing([forbidden, forbidden, forbidden, {"items": [], "metadata": {}}, forbidden])
+    with caplog.at_level(logging.INFO, logger="kai_ray.controller.raywatch"):
+        w._run()
+    lines = [r.getMessage() for r in caplog.records]
+    refused = [m for m in lines if "refused" in m]
+    # three refusals in a row: one line; allowed again: one line; refused again: one more
+    assert len(refused) == 2, lines
+    assert refused[0] == ("watch of rayclusters.ray.io refused (403 Forbidden): the "
+                          "scheduler's RBAC lacks list/watch; minReplicas changes are not "
+                          "followed at once, only at the pod grouper's periodic resync")
+    assert sum("works again" in m for m in lines) == 1
+    assert w.waits[:3] == [30.0, 30.0, 30.0]  # not every second
+    state = w.state()
+    assert state["ok"] is True and state["watching"] is False
+    assert "403 Forbidden" in str(state["detail"])
+    assert RayClusterWatch(client.ApiClient()).state() == {"ok": True, "watching": True}

@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import json
 
+import pytest
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+
 from kai_ray.k8s import convert
 from kai_ray.k8s.suspend import (
     DEMAND_ANNOTATION,
@@ -69,3 +73,52 @@ def test_kuberay_suspend_rules() -> None:
         {**ok, "spec": {"shutdownAfterJobFinishes": False}})
     assert "clusterSelector" in Suspender.suspendable(
         {**ok, "spec": {"shutdownAfterJobFinishes": True, "clusterSelector": {"a": "b"}}})
+
+
+class _Custom:
+    """CustomObjectsApi stand-in: the RayJob read, and patches recorded (or refused)."""
+
+    def __init__(self, job: dict, refuse_job_patch: bool) -> None:
+        self.job = job
+        self.refuse = refuse_job_patch
+        self.patches: list[tuple[str, dict]] = []
+
+    def get_namespaced_custom_object(self, group, version, ns, plural, name) -> dict:
+        return self.job
+
+    def patch_namespaced_custom_object(self, group, version, ns, plural, name, body) -> None:
+        if plural == "rayjobs" and self.refuse:
+            raise ApiException(status=403, reason="Forbidden")
+        self.patches.append((plural, body))
+
+
+class _Events:
+    def __init__(self) -> None:
+        self.emitted: list[str] = []
+
+    def emit(self, obj, reason, message, **kwargs) -> None:
+        self.emitted.append(reason)
+
+
+@pytest.mark.parametrize("refused", [False, True])
+def test_a_refused_suspend_leaves_no_demand_behind(refused: bool) -> None:
+    """Without RBAC to patch the RayJob, the gang is evicted instead (False) and the demand
+    annotation written first is taken back: left, it would outlive the gang's pods as
+    stand-ins."""
+    job = {"apiVersion": "ray.io/v1", "kind": "RayJob",
+           "metadata": {"name": "job", "namespace": "ns", "uid": "1"},
+           "spec": {"shutdownAfterJobFinishes": True},
+           "status": {"jobDeploymentStatus": "Running"}}
+    custom, events = _Custom(job, refused), _Events()
+    suspender = Suspender(client.ApiClient(), events)  # type: ignore[arg-type]
+    suspender.custom = custom  # type: ignore[assignment]
+    done = suspender.suspend(_pg(), [_pod("h", "headgroup")], "preempted by build")
+    demand = [body["metadata"]["annotations"][DEMAND_ANNOTATION]
+              for plural, body in custom.patches if plural == "podgroups"]
+    if refused:
+        assert done is False and events.emitted == []
+        assert len(demand) == 2 and demand[0] and demand[1] is None
+    else:
+        assert done is True and events.emitted == ["Suspended"]
+        assert len(demand) == 1 and json.loads(demand[0])[0]["name"] == "h"
+        assert ("rayjobs", {"spec": {"suspend": True}}) in custom.patches

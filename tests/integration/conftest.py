@@ -25,6 +25,7 @@ from kai_ray.testing.kuberay import start_kuberay_operator
 from kai_ray.testing.plane import Component, ControlPlane
 from kai_ray.testing.realnode import RealNode
 from kai_ray.testing.scheduler_process import KaiRayProcess
+from tests.integration.chart_rbac import ChartScheduler, install_scheduler_rbac
 
 GPU_NODES = 2
 GPUS_PER_NODE = 8
@@ -114,10 +115,24 @@ def namespace(cluster: Cluster, request: pytest.FixtureRequest) -> Iterator[str]
 
 
 @pytest.fixture(scope="session")
-def kai_scheduler(cluster: Cluster,
+def chart_scheduler(cluster: Cluster,
+                    tmp_path_factory: pytest.TempPathFactory) -> ChartScheduler:
+    """The chart's ServiceAccounts, scheduler RBAC, reservation namespace and scheduler config
+    applied to the cluster (`helm template`, nothing granted besides), and the scheduler's
+    token. Release `kai-ray` in kube-system: the Lease is then where `kai-ray run` puts it by
+    default, so a second, admin `kai-ray run` of a test contends for the same one."""
+    _require_binaries("helm", "kubectl")
+    return install_scheduler_rbac(cluster, tmp_path_factory.mktemp("chart-scheduler"))
+
+
+@pytest.fixture(scope="session")
+def kai_scheduler(cluster: Cluster, chart_scheduler: ChartScheduler,
                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[KaiRayProcess]:
-    """`kai-ray run` as its own process against the cluster (killed at the end)."""
-    proc = KaiRayProcess(cluster.kubeconfig, tmp_path_factory.mktemp("kai-ray-run"))
+    """`kai-ray run` as its own process against the cluster (killed at the end), as the
+    chart's scheduler Deployment runs it: its ServiceAccount's token and RBAC, its config and
+    Lease. A call the chart does not allow fails here too."""
+    proc = KaiRayProcess(chart_scheduler.kubeconfig, tmp_path_factory.mktemp("kai-ray-run"),
+                         extra_args=chart_scheduler.args)
     proc.start()
     proc.wait_ready()
     yield proc
@@ -157,7 +172,7 @@ def real_node(real_node_host_before: dict[str, object]) -> Iterator[RealNode]:
         if os.environ.get("KAI_RAY_SKIP_BINARIES"):
             pytest.skip(f"real-node binaries not built (KAI_RAY_SKIP_BINARIES set): {e}")
         pytest.fail(f"real-node binaries missing; run tools/cluster/build.sh: {e}")
-    plane = ControlPlane(real_node=True)
+    plane = ControlPlane(real_node=True, kube_scheduler=True)  # runs the chart's own pods
     plane.start()
     try:
         node = RealNode(plane, gpus=2).start()

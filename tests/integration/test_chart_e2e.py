@@ -34,6 +34,7 @@ from kubernetes.client.rest import ApiException
 from kai_ray.testing import binaries
 from kai_ray.testing.plane import ControlPlane
 from kai_ray.testing.scheduler_process import KaiRayProcess
+from tests.integration.chart_rbac import token_kubeconfig
 from tests.integration.helpers import (
     PG,
     Q,
@@ -82,27 +83,11 @@ def release(plane: ControlPlane) -> dict[str, Any]:
             "manifest": [d for d in yaml.safe_load_all(manifest) if d]}
 
 
-def token_kubeconfig(plane: ControlPlane, sa: str, path: Path) -> Path:
-    """A kubeconfig that authenticates as the ServiceAccount, with a TokenRequest token."""
-    core = client.CoreV1Api(plane.api_client())
-    tr = core.create_namespaced_service_account_token(
-        sa, NS, {"spec": {"expirationSeconds": 3600}})
-    admin = yaml.safe_load(plane.kubeconfig.read_text())
-    cluster = admin["clusters"][0]["cluster"]
-    doc = {"apiVersion": "v1", "kind": "Config",
-           "clusters": [{"name": "plane", "cluster": cluster}],
-           "users": [{"name": sa, "user": {"token": tr.status.token}}],
-           "contexts": [{"name": sa, "context": {"cluster": "plane", "user": sa}}],
-           "current-context": sa}
-    path.write_text(yaml.safe_dump(doc))
-    return path
-
-
 @pytest.fixture(scope="module")
 def sa_kubeconfigs(plane: ControlPlane, release: dict[str, Any],
                    tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("tokens")
-    return {sa: token_kubeconfig(plane, sa, d / f"{sa}.kubeconfig")
+    return {sa: token_kubeconfig(plane, sa, NS, d / f"{sa}.kubeconfig")
             for sa in (SCHEDULER_SA, WEBHOOK_SA)}
 
 
@@ -224,7 +209,7 @@ def test_apply_crds_with_the_upgrade_hooks_rbac(plane: ControlPlane, release: di
     docs = [d for d in yaml.safe_load_all(text) if d and d["kind"] != "Job"]
     plane.kubectl("apply", "-f", "-", input=yaml.safe_dump_all(docs))
     sa = "kai-ray-crd-upgrade"
-    kubeconfig = token_kubeconfig(plane, sa, tmp_path / "hook.kubeconfig")
+    kubeconfig = token_kubeconfig(plane, sa, NS, tmp_path / "hook.kubeconfig")
     out = kai_ray("apply-crds", kubeconfig=kubeconfig)
     assert out.stdout.count("serverside-applied") == 3
     crd = client.ApiextensionsV1Api(plane.api_client()).read_custom_resource_definition(
@@ -260,33 +245,56 @@ def can_i(plane: ControlPlane, kubeconfig: Path, verb: str, resource: str,
     return answer == "yes"
 
 
-# (verb, resource, namespace or None for all namespaces, allowed)
+# (verb, resource, namespace or None for all namespaces, allowed): each call of the scheduler
+# (rbac-scheduler.yaml names its caller), then what it must not do
 SCHEDULER_CAN = [
-    ("watch", "pods", None, True), ("patch", "pods", None, True),
+    ("list", "nodes", None, True), ("watch", "nodes", None, True),
+    ("watch", "priorityclasses.scheduling.k8s.io", None, True),
+    ("watch", "pods", None, True), ("get", "pods", None, True), ("patch", "pods", None, True),
     ("create", "pods:binding", None, True), ("create", "pods:eviction", None, True),
-    ("patch", "pods:status", None, True), ("list", "nodes", None, True),
+    ("patch", "pods:status", None, True),
     ("create", "configmaps", "team-a", True), ("update", "configmaps", "team-a", True),
     ("delete", "configmaps", "team-a", True),  # a rolled-back pod's shared-GPU ConfigMap
-    ("create", "events", None, True), ("get", "namespaces", None, True),
+    ("create", "events", None, True),
+    ("patch", "events", None, True),  # the count of a repeated Event
+    ("get", "namespaces", None, True),
     ("create", "podgroups.scheduling.run.ai", None, True),
+    ("update", "podgroups.scheduling.run.ai", None, True),
+    ("patch", "podgroups.scheduling.run.ai", None, True),
     ("patch", "podgroups.scheduling.run.ai:status", None, True),
     ("watch", "queues.scheduling.run.ai", None, True),
     ("patch", "queues.scheduling.run.ai:status", None, True),
-    ("get", "rayclusters.ray.io", None, True), ("get", "replicasets.apps", None, True),
+    ("get", "replicasets.apps", None, True), ("get", "jobs.batch", None, True),
+    ("get", "rayclusters.ray.io", None, True),
+    ("list", "rayclusters.ray.io", None, True),  # the minReplicas watch
+    ("watch", "rayclusters.ray.io", None, True),
+    ("get", "rayjobs.ray.io", None, True),
+    ("patch", "rayjobs.ray.io", None, True),  # suspend a preempted RayJob, resume it
+    ("get", "rayservices.ray.io", None, True),
     ("create", "leases.coordination.k8s.io", NS, True),
     ("update", "leases.coordination.k8s.io/kai-ray-scheduler", NS, True),
     ("create", "pods", "kai-resource-reservation", True),
     ("delete", "pods", "kai-resource-reservation", True),
+    ("get", "serviceaccounts/kai-ray-reservation", "kai-resource-reservation", True),
     # and not
     ("create", "pods", "team-a", False), ("delete", "pods", "team-a", False),
+    ("update", "pods", None, False),
     ("get", "secrets", NS, False), ("list", "secrets", None, False),
-    ("get", "configmaps", "team-a", False),
+    ("get", "configmaps", "team-a", False), ("list", "configmaps", None, False),
+    ("delete", "events", None, False),
+    ("get", "nodes", None, False),  # the cache lists; nothing reads one node
+    ("get", "queues.scheduling.run.ai", None, False),
     ("update", "leases.coordination.k8s.io/other-lease", NS, False),
     ("create", "leases.coordination.k8s.io", "kube-system", False),
     ("create", "queues.scheduling.run.ai", None, False),
     ("delete", "podgroups.scheduling.run.ai", None, False),
     ("update", "nodes", None, False), ("create", "namespaces", None, False),
-    ("list", "rayclusters.ray.io", None, False), ("update", "rayclusters.ray.io", None, False),
+    ("update", "rayclusters.ray.io", None, False), ("patch", "rayclusters.ray.io", None, False),
+    ("update", "rayjobs.ray.io", None, False), ("delete", "rayjobs.ray.io", None, False),
+    ("list", "rayjobs.ray.io", None, False), ("patch", "rayservices.ray.io", None, False),
+    ("get", "serviceaccounts/default", "kai-resource-reservation", False),
+    ("create", "serviceaccounts", "kai-resource-reservation", False),
+    ("create", "roles.rbac.authorization.k8s.io", "kai-resource-reservation", False),
     ("create", "validatingwebhookconfigurations.admissionregistration.k8s.io", None, False),
     ("create", "customresourcedefinitions.apiextensions.k8s.io", None, False),
     ("create", "clusterrolebindings.rbac.authorization.k8s.io", None, False),
@@ -294,7 +302,8 @@ SCHEDULER_CAN = [
 WEBHOOK_CAN = [
     ("list", "queues.scheduling.run.ai", None, True),
     ("watch", "queues.scheduling.run.ai", None, True),
-    ("watch", "namespaces", None, True),
+    ("get", "namespaces", None, True), ("watch", "namespaces", None, True),
+    ("get", "queues.scheduling.run.ai", None, False),
     ("get", "secrets", NS, False), ("list", "pods", None, False), ("create", "pods", NS, False),
     ("update", "queues.scheduling.run.ai", None, False),
     ("patch", "validatingwebhookconfigurations.admissionregistration.k8s.io", None, False),
@@ -356,6 +365,65 @@ def test_only_the_scheduler_writes_its_annotations_on_podgroups(
         "annotations": {"note": "x"}}})
     admin.patch_namespaced_custom_object(*PG[:2], ns, PG[2], "plain", {"metadata": {
         "annotations": {"kai-ray.io/bind-intent": None}}})
+
+
+def test_the_schedulers_pod_and_configmap_writes_are_held_to_its_own(
+        plane: ControlPlane, release: dict[str, Any], sa_kubeconfigs: dict[str, Path],
+        ns: str) -> None:
+    """RBAC lets the scheduler patch any pod and write ConfigMaps in any namespace (their
+    names are the users'); the chart's policy (rbac-scheduler-writes.yaml) holds those writes
+    to what its code writes: the grouper's and binder's own pod labels and annotations, and a
+    fractional pod's GPU ConfigMap. The account's token cannot change an image, a Service's
+    selector label, or any other ConfigMap."""
+    core = client.CoreV1Api(plane.api_client())
+    sched = client.CoreV1Api(config.new_client_from_config(str(sa_kubeconfigs[SCHEDULER_SA])))
+    made = core.create_namespaced_pod(ns, {
+        "metadata": {"name": "web", "labels": {"app": "web"}, "annotations": {"note": "a"}},
+        "spec": {"schedulerName": "nobody", "containers": [{"name": "c", "image": "busybox"}]}})
+
+    def refused(call: Any, why: str) -> None:
+        with pytest.raises(ApiException) as info:
+            call()
+        assert info.value.status == 403 and why in info.value.body, info.value.body
+
+    # what the pod grouper and the binder write: allowed, set and removed
+    sched.patch_namespaced_pod("web", ns, {"metadata": {
+        "annotations": {"pod-group-name": "pg-web", "runai/shared-gpu-configmap": "web-shared-gpu"},
+        "labels": {"kai.scheduler/subgroup-name": "s", "runai-gpu-group": "g",
+                   "runai-gpu-group/g2": "g2"}}})
+    sched.patch_namespaced_pod("web", ns, {"metadata": {"labels": {"runai-gpu-group": None}}})
+    for patch, why in (
+            ({"spec": {"containers": [{"name": "c", "image": "evil"}]}}, "pod's spec"),
+            ({"metadata": {"labels": {"app": "other"}}}, "labels of a pod"),
+            ({"metadata": {"labels": {"app": None}}}, "labels of a pod"),
+            ({"metadata": {"labels": {"extra": "x"}}}, "labels of a pod"),
+            ({"metadata": {"annotations": {"note": "b"}}}, "annotations of a pod"),
+            ({"metadata": {"finalizers": ["example.com/hold"]}}, "owners or finalizers")):
+        refused(lambda p=patch: sched.patch_namespaced_pod("web", ns, p), why)
+    owner = [{"apiVersion": "v1", "kind": "Pod", "name": "web", "uid": made.metadata.uid}]
+    gpu_env = {"NVIDIA_VISIBLE_DEVICES": "GPU-1", "GPU_PORTION": "0.50",
+               "RUNAI_NUM_OF_GPUS": "0.50"}
+
+    def cm(name: str, data: dict[str, str], owners: list[Any] | None = None) -> dict[str, Any]:
+        return {"metadata": {"name": name, "ownerReferences": owners}, "data": data}
+
+    sched.create_namespaced_config_map(ns, cm("web-shared-gpu-0", gpu_env, owner))
+    sched.replace_namespaced_config_map("web-shared-gpu-0", ns, cm("web-shared-gpu-0", {
+        **gpu_env, "KAI_RAY_GPU_MEMORY_LIMIT_MIB": "2000"}, owner))
+    sched.delete_namespaced_config_map("web-shared-gpu-0", ns)
+    refused(lambda: sched.create_namespaced_config_map(ns, cm("settings", gpu_env, owner)),
+            "ConfigMaps of fractional pods")
+    refused(lambda: sched.create_namespaced_config_map(ns, cm(
+        "web-shared-gpu-i1", {"PATH": "/x"}, owner)), "only the GPU keys")
+    refused(lambda: sched.create_namespaced_config_map(ns, cm("web-shared-gpu-1", gpu_env)),
+            "owned by its pod")
+    core.create_namespaced_config_map(ns, cm("user-shared-gpu-0", {"a": "b"}))  # not a pod's
+    refused(lambda: sched.replace_namespaced_config_map("user-shared-gpu-0", ns, cm(
+        "user-shared-gpu-0", gpu_env, owner)), "only ConfigMaps owned by a pod")
+    refused(lambda: sched.delete_namespaced_config_map("user-shared-gpu-0", ns),
+            "only ConfigMaps owned by a pod")
+    # anyone else is not concerned
+    core.patch_namespaced_pod("web", ns, {"metadata": {"labels": {"app": "other"}}})
 
 
 # ------------------------------------------------------------------------------ scheduling

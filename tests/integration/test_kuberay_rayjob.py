@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 from kubernetes import client
 
+from kai_ray.k8s.suspend import DEMAND_ANNOTATION
 from tests.integration.helpers import create_queues, delete_queues, pool_nodes, queue, wait_for
 from tests.integration.kuberay_helpers import (
     bound,
@@ -133,6 +134,11 @@ def _train_rayjob(cluster, namespace: str, kai_scheduler, mode: str) -> Iterator
         delete_queues(api, created)
 
 
+def podgroup(api: client.ApiClient, namespace: str, name: str) -> dict:
+    return client.CustomObjectsApi(api).get_namespaced_custom_object(
+        "scheduling.run.ai", "v2alpha2", namespace, "podgroups", name)
+
+
 def _deployment_status(api: client.ApiClient, namespace: str, name: str) -> str | None:
     return (get(api, namespace, "RayJob", name).get("status") or {}).get("jobDeploymentStatus")
 
@@ -143,7 +149,9 @@ def test_preempted_sidecar_rayjob_is_suspended_and_resumes(cluster, namespace,
     """KubeRay v1.6.2 does not re-create the head pod of a provisioned SidecarMode RayJob and
     marks the RayJob Failed ("Ray head pod not found.") when it disappears, so evicting its
     pods would kill the job (KAI issue #1401). kai-ray suspends the RayJob instead
-    (spec.suspend: KubeRay deletes its RayCluster) and resumes it when the gang fits again."""
+    (spec.suspend: KubeRay deletes its RayCluster) and resumes it when the gang fits again,
+    with the chart's RBAC (the session's scheduler runs on it), leaving no suspended demand
+    behind."""
     with _train_rayjob(cluster, namespace, kai_scheduler, "SidecarMode") as (
             api, core, pool, leaf, job, detail):
         job["spec"]["shutdownAfterJobFinishes"] = True
@@ -169,14 +177,19 @@ def test_preempted_sidecar_rayjob_is_suspended_and_resumes(cluster, namespace,
             e.reason == "Suspended" and "build" in e.message
             for e in core.list_namespaced_event(
                 namespace, field_selector="involvedObject.kind=RayJob").items), timeout=10)
-        # the gang's demand is still seen: the PodGroup says why it waits
-        pg = client.CustomObjectsApi(api).get_namespaced_custom_object(
-            "scheduling.run.ai", "v2alpha2", namespace, "podgroups", pg_name)
-        wait_for("the suspended gang's PodGroup condition", lambda: (client.CustomObjectsApi(
-            api).get_namespaced_custom_object("scheduling.run.ai", "v2alpha2", namespace,
-                                              "podgroups", pg_name).get("status") or {}).get(
-            "schedulingConditions"), timeout=30)
+        # suspended, not evicted: the scheduler (the chart's RBAC: patch on rayjobs) evicted
+        # none of the gang's pods; KubeRay deleted them with the RayCluster
+        assert not [e for e in core.list_namespaced_event(
+            namespace, field_selector="reason=Preempted").items
+            if e.involved_object.name.startswith(first)], describe(core, namespace)
+        assert "not suspended" not in kai_scheduler.log_tail(100000)
+        # the gang's demand is still seen: the PodGroup keeps it and says why it waits
+        pg = podgroup(api, namespace, pg_name)
         assert pg["metadata"]["name"] == pg_name
+        assert DEMAND_ANNOTATION in pg["metadata"]["annotations"]
+        wait_for("the suspended gang's PodGroup condition", lambda: (podgroup(
+            api, namespace, pg_name).get("status") or {}).get("schedulingConditions"),
+            timeout=30)
 
         delete(api, namespace, "RayCluster", "build")
         wait_for("the RayJob resumed on a new running gang", lambda: (
@@ -187,6 +200,9 @@ def test_preempted_sidecar_rayjob_is_suspended_and_resumes(cluster, namespace,
         wait_for("the RayJob's Resumed event", lambda: any(
             e.reason == "Resumed" for e in core.list_namespaced_event(
                 namespace, field_selector="involvedObject.kind=RayJob").items), timeout=10)
+        # resumed, the stand-ins are gone: no demand left behind to hold room twice
+        annotations = podgroup(api, namespace, pg_name)["metadata"].get("annotations") or {}
+        assert DEMAND_ANNOTATION not in annotations, annotations
 
 
 @pytest.mark.usefixtures("kuberay_operator")

@@ -112,7 +112,7 @@ def test_half_gpu_recipe_ray_start_params_and_env_agree(cluster: Cluster, namesp
 SAMPLE_GANGS = {"raycluster-gang.yaml": 5, "raycluster-priority.yaml": 3,
                 "raycluster-autoscaling.yaml": 3, "raycluster-multihost.yaml": 3,
                 "rayjob-sidecar.yaml": 3, "rayservice.yaml": 3,
-                "raycluster-gpu-fraction-capped.yaml": 3}
+                "raycluster-gpu-fraction-capped.yaml": 3, "raycluster-gpu-autoscaler.yaml": 1}
 
 
 @pytest.mark.usefixtures("kuberay_operator")

@@ -54,3 +54,23 @@ def test_a_live_reservation_pod_no_readable_pod_shares_is_foreign_use() -> None:
 def test_a_terminating_reservation_pod_still_holds_its_gpu() -> None:
     assert _foreign_gpus(_reservation("live", deleting=False), _sharer("group-live"),
                          _reservation("going", deleting=True)) == 1
+
+
+def test_the_configured_reservation_namespace_is_where_reservations_are_read() -> None:
+    """A reservation pod counts as one only in the namespace the scheduler is configured with
+    (reservation.namespace); elsewhere it is a foreign pod holding a GPU."""
+    def foreign(cache_ns: str) -> int:
+        res = _reservation("live", deleting=False)
+        res["metadata"]["namespace"] = "gpu-holders"
+        cache = ClusterCache(client.ApiClient(client.Configuration()),
+                             reservation_namespace=cache_ns)
+        cache.nodes.items = {"n0": gpu_node_manifest("n0", 0, 2)}
+        cache.pods.items = {f"{p['metadata']['namespace']}/{p['metadata']['name']}": p
+                            for p in (res, _sharer("group-live"))}
+        cache.podgroups.items = {"ns/pg": {"metadata": {"name": "pg", "namespace": "ns"},
+                                           "spec": {"queue": "q"}}}
+        (node,) = cache.snapshot()[0].nodes
+        return node.foreign_gpus
+
+    assert foreign("gpu-holders") == 0
+    assert foreign(convert.RESERVATION_NAMESPACE) == 1

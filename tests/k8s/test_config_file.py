@@ -56,7 +56,8 @@ def test_every_section_reaches_its_reader(tmp_path: Path) -> None:
                    "clientConnection: {qps: 10, burst: 20, timeoutSeconds: 12,\n"
                    "  connectTimeoutSeconds: 1.5, watchTimeoutSeconds: 45}\n"
                    "health: {maxCycleAgeSeconds: 20, maxInformerSilenceSeconds: 50}\n"
-                   "reservation: {image: ' r:2 ', serviceAccountName: sa, timeoutSeconds: 9}\n")
+                   "reservation: {image: ' r:2 ', serviceAccountName: sa, timeoutSeconds: 9,\n"
+                   "  namespace: gpu-holders}\n")
     file = config_file.load(str(cfg))
     core, period = file.scheduler()
     assert period == 2.5
@@ -70,7 +71,9 @@ def test_every_section_reaches_its_reader(tmp_path: Path) -> None:
     assert file.health() == config_file.HealthSettings(20, 50)
     binder = file.binder()
     assert (binder.reservation_image, binder.reservation_service_account,
-            binder.reservation_timeout_s) == ("r:2", "sa", 9.0)
+            binder.reservation_timeout_s, binder.reservation_namespace) == (
+        "r:2", "sa", 9.0, "gpu-holders")
+    assert config_file.load(None).binder().reservation_namespace == "kai-resource-reservation"
 
 
 def test_a_section_with_nothing_under_it_is_its_defaults(tmp_path: Path) -> None:
@@ -87,6 +90,14 @@ def test_one_bad_section_does_not_stop_a_reader_of_another(tmp_path: Path) -> No
     file.binder()
     with pytest.raises(SystemExit, match=r"health\.maxCycleAgeSeconds: expected a number > 0"):
         file.health()
+
+
+@pytest.mark.parametrize("bad", ["Upper", "-lead", "a_b", "x" * 64, "''"])
+def test_the_reservation_namespace_is_a_namespace_name(tmp_path: Path, bad: str) -> None:
+    cfg = tmp_path / "config.yaml"
+    cfg.write_text(f"reservation: {{namespace: {bad}}}\n")
+    with pytest.raises(SystemExit, match=r"reservation\.namespace: expected"):
+        config_file.load(str(cfg)).binder()
 
 
 def test_errors_are_one_line_naming_file_key_and_value(tmp_path: Path) -> None:

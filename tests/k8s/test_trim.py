@@ -14,7 +14,7 @@ from kai_ray.grouping.owners import resolve_top_owner
 from kai_ray.grouping.podgroup import group_pod, should_group
 from kai_ray.grouping.update import podgroup_update
 from kai_ray.k8s import convert, trim
-from kai_ray.k8s.binder import Binder
+from kai_ray.k8s.binder import Binder, BinderConfig
 from kai_ray.k8s.cache import may_regroup
 from kai_ray.k8s.suspend import demand_of
 
@@ -307,8 +307,7 @@ def test_a_waiting_reservation_pod_reports_the_same_state_trimmed() -> None:
                                      "message": "Back-off pulling image \"i\""}}}]}}
     binder = Binder.__new__(Binder)
     binder._waiting_since = {}
-    binder.config = type("C", (), {"reservation_timeout_s": 60.0,
-                                   "reservation_image": "i"})()
+    binder.config = BinderConfig(reservation_timeout_s=60.0, reservation_image="i")
     assert binder._check_reservation(trim.trim_pod(res)) == binder._check_reservation(res)
     assert "ImagePullBackOff" in binder._check_reservation(res)
 
