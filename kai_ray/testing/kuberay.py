@@ -12,6 +12,7 @@ from kai_ray.testing.cluster import Cluster
 from kai_ray.testing.plane import Component, ControlPlane, ControlPlaneError
 
 KUBERAY_CRDS = ("rayclusters.ray.io", "rayjobs.ray.io", "rayservices.ray.io")
+_BATCH_SCHEDULER: dict[int, str] = {}  # id(plane) -> its operator's --batch-scheduler
 
 
 def install_kuberay_crds(cluster: Cluster, timeout: float = 90.0) -> list[str]:
@@ -36,11 +37,20 @@ def install_kuberay_crds(cluster: Cluster, timeout: float = 90.0) -> list[str]:
 
 def start_kuberay_operator(plane: ControlPlane, *, batch_scheduler: str = "kai-scheduler",
                            timeout: float = 60.0) -> Component:
-    """Install KubeRay's CRDs and start its operator; returns once it reports ready.
+    """Install KubeRay's CRDs and start its operator; returns once it reports ready. A plane
+    whose operator already runs gets that one back.
 
     Leader election is off (no namespace to hold the lease out of cluster), metrics are off, and
     the health probe listens on a free loopback port that readiness is read from.
     """
+    running = plane.components.get("ray-operator")
+    if running is not None and running.alive():
+        # one per plane: a second operator would reconcile every RayCluster twice (duplicate
+        # pods, deleted ones); tests sharing a session plane each ask for it
+        if _BATCH_SCHEDULER.get(id(plane)) != batch_scheduler:
+            raise ControlPlaneError(f"the plane's KubeRay operator runs with --batch-scheduler="
+                                    f"{_BATCH_SCHEDULER.get(id(plane))}, not {batch_scheduler}")
+        return running
     binary = binaries.require("ray-operator")["ray-operator"]
     install_kuberay_crds(plane, timeout)
     probe_port = procs.free_ports(1)[0]
@@ -55,6 +65,7 @@ def start_kuberay_operator(plane: ControlPlane, *, batch_scheduler: str = "kai-s
         "--log-stdout-encoder=console",
     ])
     _wait_ready(comp, probe_port, timeout)
+    _BATCH_SCHEDULER[id(plane)] = batch_scheduler
     return comp
 
 

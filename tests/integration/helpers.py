@@ -131,3 +131,33 @@ def scheduled_condition(core: client.CoreV1Api, namespace: str, name: str) -> An
         if c.type == "PodScheduled":
             return c
     return None
+
+
+def clear_unmanaged_reservation_namespace(api: client.ApiClient,
+                                          name: str = "kai-resource-reservation",
+                                          timeout: float = 120.0) -> None:
+    """Deletes the reservation namespace that an earlier module's out-of-cluster scheduler made
+    (it creates what the chart would, when run as admin), so that `helm install` can own it; a
+    namespace Helm manages is left alone."""
+    core = client.CoreV1Api(api)
+    try:
+        ns = core.read_namespace(name)
+    except client.ApiException as e:
+        if e.status == 404:
+            return
+        raise
+    if (ns.metadata.labels or {}).get("app.kubernetes.io/managed-by") == "Helm":
+        return
+    if ns.metadata.deletion_timestamp is None:
+        core.delete_namespace(name)
+
+    def gone() -> bool:
+        try:
+            core.read_namespace(name)
+        except client.ApiException as e:
+            if e.status == 404:
+                return True
+            raise
+        return False
+
+    wait_for(f"namespace {name} deleted", gone, timeout=timeout, interval=1)

@@ -27,6 +27,7 @@ from kai_ray.testing.install import NAMESPACE, ChartInstall
 from kai_ray.testing.kuberay import start_kuberay_operator
 from kai_ray.testing.realnode import RealNode
 from tests.integration.helpers import (
+    clear_unmanaged_reservation_namespace,
     create_queues,
     delete_queues,
     gang,
@@ -51,6 +52,7 @@ def install(real_node: RealNode) -> Iterator[ChartInstall]:
     # the chart is then told not to make them, as its README says
     classes = {c.metadata.name for c in client.SchedulingV1Api(
         real_node.plane.api_client()).list_priority_class().items}
+    clear_unmanaged_reservation_namespace(real_node.plane.api_client())
     chart.install(*(["--set", "priorityClasses.create=false"] if "train" in classes else []))
     yield chart
     if chart.pods():  # a test failed before the uninstall test
@@ -202,9 +204,7 @@ def test_a_preempted_rayjob_is_suspended_and_resumed_by_the_pod(
     needs `patch` on rayjobs, following it the RayCluster watch."""
     from tests.integration import test_kuberay_rayjob as rayjob
 
-    operator = real_node.plane.components.get("ray-operator")
-    if operator is None or not operator.alive():
-        start_kuberay_operator(real_node.plane)
+    start_kuberay_operator(real_node.plane)  # the plane's one operator, started if need be
     rayjob.test_preempted_sidecar_rayjob_is_suspended_and_resumes(
         real_node.plane, ns, _InstallLogs(install))
     log = install.logs("scheduler", tail=5000)
