@@ -102,6 +102,9 @@ class _Spec:
 
 
 def cache_root() -> Path:
+    """$KAI_RAY_IMAGE_CACHE, else images/ in $KAI_RAY_CACHE (default ~/.cache/kai-ray)."""
+    if os.environ.get("KAI_RAY_IMAGE_CACHE"):
+        return Path(os.environ["KAI_RAY_IMAGE_CACHE"])
     return Path(os.environ.get("KAI_RAY_CACHE", Path.home() / ".cache" / "kai-ray")) / "images"
 
 
@@ -432,7 +435,7 @@ def _operator_wheel(dest: Path, log: Log) -> None:
         target_dir = cache_root() / "cargo-target"
         env = {**os.environ, "KAI_RAY_COMPILE": "1", "KAI_RAY_NATIVE": "1",
                "CARGO_TARGET_DIR": str(target_dir)}
-        log("   pip wheel kai-ray (mypyc + Rust core; 3-6 min cold)")
+        log("   pip wheel kai-ray (mypyc + Rust core; 1-2 min)")
         _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
               "-w", str(dest), str(src)], "pip wheel kai-ray (compiled)", log, env=env)
 

@@ -3,7 +3,7 @@ the way BENCHMARKS.md ("Images and install") reports them:
 
     python3 -m kai_ray.testing.install_bench --out benchmarks/results/install.json [--cold]
 
---cold builds every image in an empty cache first (a fresh KAI_RAY_CACHE in a temporary
+--cold builds every image in an empty cache first (a fresh KAI_RAY_IMAGE_CACHE in a temporary
 directory: mmdebstrap of the Debian base, wheel downloads, the compiled kai-ray wheel from a cold
 cargo target), then measures a cache hit, and a rebuild of the scheduler image alone, as after an
 edit of kai-ray's sources (its base image, wheels and cargo target cached). Without --cold the
@@ -98,22 +98,29 @@ def main(argv: list[str] | None = None) -> int:
     result: dict[str, Any] = {
         "machine": machine, "cold": args.cold,
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-    cache = tempfile.mkdtemp(prefix="kai-ray-cold-cache-") if args.cold else None
+    # the images' cache only: KAI_RAY_CACHE also holds the control plane's binaries, which a
+    # cold image build must not lose
+    images_root = tempfile.mkdtemp(prefix="kai-ray-cold-images-") if args.cold else None
     try:
-        if cache:
-            os.environ["KAI_RAY_CACHE"] = cache
+        if images_root:
+            os.environ["KAI_RAY_IMAGE_CACHE"] = images_root
         result["images"] = measure_images(args.cold)
+        _write(args.out, result)  # kept if the install part fails
         if not args.skip_install:
             result["install"] = measure_install()
     finally:
-        if cache:
-            shutil.rmtree(cache, ignore_errors=True)
-    text = json.dumps(result, indent=1)
-    print(text)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(text + "\n")
+        os.environ.pop("KAI_RAY_IMAGE_CACHE", None)
+        if images_root:
+            shutil.rmtree(images_root, ignore_errors=True)
+    print(json.dumps(result, indent=1))
+    _write(args.out, result)
     return 0
+
+
+def _write(out: Path | None, result: dict[str, Any]) -> None:
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(result, indent=1) + "\n")
 
 
 if __name__ == "__main__":
