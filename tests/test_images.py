@@ -241,3 +241,11 @@ def test_archives_import_into_containerd(built: dict[str, images.ImageArchive],
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+
+
+def test_the_dev_tools_install_the_mypy_the_image_is_built_with() -> None:
+    import tomllib
+
+    dev = tomllib.loads((images.REPO / "pyproject.toml").read_text())["project"][
+        "optional-dependencies"]["dev"]
+    assert f"mypy=={images.MYPY_VERSION}" in dev

@@ -220,3 +220,38 @@ class ChartInstall:
                 text = f"(no log: {e.status} {e.reason})"
             out.append(f"--- {pod.metadata.name}\n{text}")
         return "\n".join(out)
+
+
+class InClusterScheduler:
+    """The integration suite's scheduler when kai-ray already runs in the cluster, installed by
+    its chart (`kai-ray dev-cluster up --real-node --install`): the interface the tests use of
+    a `kai-ray run` process (log_tail, alive, wait_ready), on the Deployment's pod. Restarting it
+    means rolling the Deployment; `with_values` changes its configuration by `helm upgrade`."""
+
+    def __init__(self, kubeconfig: Path, release: str = RELEASE,
+                 namespace: str = NAMESPACE) -> None:
+        self.chart = ChartInstall(Path(kubeconfig), None, release, namespace)
+        self.kubeconfig = Path(kubeconfig)
+        self.values: list[str] = []
+
+    def log_tail(self, lines: int = 40) -> str:
+        return self.chart.logs("scheduler", tail=lines)
+
+    def alive(self) -> bool:
+        return self.chart._rolled_out("scheduler")
+
+    def wait_ready(self, timeout: float = 60.0) -> None:
+        self.chart.wait_ready(timeout)
+
+    def with_values(self, *values: str, timeout: float = 180) -> None:
+        """`helm upgrade --reuse-values` with `values` (e.g. "--set", "k=v"); waits for the
+        rolled pods and for the new scheduler to lead."""
+        start = time.monotonic()
+        self.chart.helm("upgrade", self.chart.release, str(CHART), "-n", self.chart.namespace,
+                        "--reuse-values", *values)
+        self.chart.wait_ready(timeout, since=start)
+        deadline = time.monotonic() + 60
+        while "became leader" not in self.log_tail(500):
+            if time.monotonic() > deadline:
+                raise InstallError(f"the upgraded scheduler does not lead: {self.log_tail()}")
+            time.sleep(0.5)

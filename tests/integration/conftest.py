@@ -126,11 +126,21 @@ def chart_scheduler(cluster: Cluster,
 
 
 @pytest.fixture(scope="session")
-def kai_scheduler(cluster: Cluster, chart_scheduler: ChartScheduler,
+def kai_scheduler(cluster: Cluster, request: pytest.FixtureRequest,
                   tmp_path_factory: pytest.TempPathFactory) -> Iterator[KaiRayProcess]:
     """`kai-ray run` as its own process against the cluster (killed at the end), as the
     chart's scheduler Deployment runs it: its ServiceAccount's token and RBAC, its config and
     Lease. A call the chart does not allow fails here too."""
+    if os.environ.get("KAI_RAY_TEST_INCLUSTER"):
+        # kai-ray installed in the cluster by its chart (docs/install.md): the tests run
+        # against its pod, under exactly the chart's RBAC (KAI_RAY_TEST_KUBECONFIG names it)
+        from kai_ray.testing.install import InClusterScheduler
+
+        in_cluster = InClusterScheduler(cluster.kubeconfig)
+        in_cluster.wait_ready()
+        yield in_cluster  # type: ignore[misc]
+        return
+    chart_scheduler: ChartScheduler = request.getfixturevalue("chart_scheduler")
     proc = KaiRayProcess(chart_scheduler.kubeconfig, tmp_path_factory.mktemp("kai-ray-run"),
                          extra_args=chart_scheduler.args)
     proc.start()

@@ -133,12 +133,25 @@ def scheduled_condition(core: client.CoreV1Api, namespace: str, name: str) -> An
     return None
 
 
-def clear_unmanaged_reservation_namespace(api: client.ApiClient,
+def clear_leftovers_for_the_chart(api: client.ApiClient,
                                           name: str = "kai-resource-reservation",
                                           timeout: float = 120.0) -> None:
-    """Deletes the reservation namespace that an earlier module's out-of-cluster scheduler made
-    (it creates what the chart would, when run as admin), so that `helm install` can own it; a
-    namespace Helm manages is left alone."""
+    """Deletes what an earlier module's out-of-cluster `kai-ray run --webhook` left for the
+    chart to own: the webhook configurations it registers (it keeps them when it stops, so pods
+    are not admitted unchecked meanwhile) and the reservation namespace it makes when run as
+    admin, so that `helm install` can own them; what Helm manages is left alone."""
+    adm = client.AdmissionregistrationV1Api(api)
+    for kind in ("validating", "mutating"):
+        read = getattr(adm, f"read_{kind}_webhook_configuration")
+        delete = getattr(adm, f"delete_{kind}_webhook_configuration")
+        try:
+            config = read("kai-ray-admission")
+        except client.ApiException as e:
+            if e.status == 404:
+                continue
+            raise
+        if (config.metadata.labels or {}).get("app.kubernetes.io/managed-by") != "Helm":
+            delete("kai-ray-admission")
     core = client.CoreV1Api(api)
     try:
         ns = core.read_namespace(name)

@@ -27,7 +27,7 @@ from kai_ray.testing.install import NAMESPACE, ChartInstall
 from kai_ray.testing.kuberay import start_kuberay_operator
 from kai_ray.testing.realnode import RealNode
 from tests.integration.helpers import (
-    clear_unmanaged_reservation_namespace,
+    clear_leftovers_for_the_chart,
     create_queues,
     delete_queues,
     gang,
@@ -52,7 +52,7 @@ def install(real_node: RealNode) -> Iterator[ChartInstall]:
     # the chart is then told not to make them, as its README says
     classes = {c.metadata.name for c in client.SchedulingV1Api(
         real_node.plane.api_client()).list_priority_class().items}
-    clear_unmanaged_reservation_namespace(real_node.plane.api_client())
+    clear_leftovers_for_the_chart(real_node.plane.api_client())
     chart.install(*(["--set", "priorityClasses.create=false"] if "train" in classes else []))
     yield chart
     if chart.pods():  # a test failed before the uninstall test

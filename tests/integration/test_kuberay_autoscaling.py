@@ -155,7 +155,17 @@ def scheduler_with_grace(session: KaiRayProcess, workdir: Path, grace_s: float
                          ) -> Iterator[KaiRayProcess]:
     """The session's scheduler, stopped (it releases its Lease), and in its place one run the same
     way (account, flags, config) but for `stalenessGracePeriodSeconds`; the session's is started
-    again afterwards."""
+    again afterwards. Installed in the cluster, the chart's value is changed instead (`helm
+    upgrade`), and set back after."""
+    from kai_ray.testing.install import InClusterScheduler
+
+    if isinstance(session, InClusterScheduler):
+        session.with_values("--set", f"scheduler.stalenessGracePeriodSeconds={int(grace_s)}")
+        try:
+            yield session  # type: ignore[misc]
+        finally:
+            session.with_values("--set", "scheduler.stalenessGracePeriodSeconds=60")
+        return
     args = list(session.extra_args)
     config: dict[str, Any] = {}
     for i, arg in enumerate(args):

@@ -22,7 +22,7 @@ from kai_ray.testing import ray_autoscale_bench as bench
 from kai_ray.testing.install import ChartInstall
 from kai_ray.testing.kuberay import start_kuberay_operator
 from kai_ray.testing.realnode import RealNode
-from tests.integration.helpers import clear_unmanaged_reservation_namespace
+from tests.integration.helpers import clear_leftovers_for_the_chart
 
 pytestmark = [pytest.mark.integration, pytest.mark.realnode, pytest.mark.kuberay,
               pytest.mark.timeout(1500)]
@@ -45,7 +45,7 @@ def scheduler(real_node: RealNode) -> Iterator[Callable[[], str]]:
     chart = ChartInstall(real_node.plane.kubeconfig, real_node, log=print)
     classes = {c.metadata.name for c in client.SchedulingV1Api(
         real_node.plane.api_client()).list_priority_class().items}
-    clear_unmanaged_reservation_namespace(real_node.plane.api_client())
+    clear_leftovers_for_the_chart(real_node.plane.api_client())
     chart.install(*(["--set", "priorityClasses.create=false"] if "train" in classes else []))
     yield lambda: chart.logs("scheduler", tail=200)
     chart.uninstall()
