@@ -1,5 +1,5 @@
 """Queue capacity rules that block allocation: limits (OverLimit) and, for non-preemptible jobs,
-quota at every level (NonPreemptibleOverQuota). Messages are KAI's (kai-spec §4, §5.2)."""
+quota at every level (NonPreemptibleOverQuota). Messages are KAI's."""
 
 from __future__ import annotations
 

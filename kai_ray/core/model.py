@@ -13,7 +13,7 @@ from enum import StrEnum
 from kai_ray.core.constraints import Taint, Term, Toleration
 
 UNLIMITED = -1.0
-# KAI's minNodeGpuMemory is effectively always 100 MiB (kai-spec §8); pending gpu-memory requests
+# KAI's minNodeGpuMemory is effectively always 100 MiB; pending gpu-memory requests
 # are converted to GPUs with it for fair share, queue order and reclaim.
 MIN_NODE_GPU_MEMORY_MIB = 100
 DEFAULT_GPU_MEMORY_MIB = 100
@@ -37,7 +37,7 @@ ACTIVE_ALLOCATED = frozenset(
      PodStatus.RUNNING}
 )
 ACTIVE_USED = ACTIVE_ALLOCATED | {PodStatus.RELEASING}
-# counted in queue "allocated" at snapshot time (kai-spec §5)
+# counted in queue "allocated" at snapshot time
 QUEUE_ALLOCATED = frozenset(
     {PodStatus.ALLOCATED, PodStatus.BINDING, PodStatus.BOUND, PodStatus.RUNNING}
 )

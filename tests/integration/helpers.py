@@ -174,3 +174,17 @@ def clear_leftovers_for_the_chart(api: client.ApiClient,
         return False
 
     wait_for(f"namespace {name} deleted", gone, timeout=timeout, interval=1)
+
+
+def install_chart_for_tests(node: Any, log: Callable[[str], None] = print) -> Any:
+    """kai-ray installed by its chart on the real node's plane (kai_ray.testing.install), after
+    clearing what an earlier module's out-of-cluster kai-ray left; KAI's PriorityClasses that
+    an earlier module made are kept, as the README tells users (priorityClasses.create=false)."""
+    from kai_ray.testing.install import ChartInstall
+
+    api = node.plane.api_client()
+    clear_leftovers_for_the_chart(api)
+    classes = {c.metadata.name for c in client.SchedulingV1Api(api).list_priority_class().items}
+    chart = ChartInstall(node.plane.kubeconfig, node, log=log)
+    return chart.install(*(["--set", "priorityClasses.create=false"] if "train" in classes
+                           else []))

@@ -27,10 +27,10 @@ from kai_ray.testing.install import NAMESPACE, ChartInstall
 from kai_ray.testing.kuberay import start_kuberay_operator
 from kai_ray.testing.realnode import RealNode
 from tests.integration.helpers import (
-    clear_leftovers_for_the_chart,
     create_queues,
     delete_queues,
     gang,
+    install_chart_for_tests,
     pod,
     pod_phase,
     pool_nodes,
@@ -47,13 +47,7 @@ READY_WITHIN_S = 60.0
 @pytest.fixture(scope="module")
 def install(real_node: RealNode) -> Iterator[ChartInstall]:
     real_node.import_image(images.ensure("busybox"))
-    chart = ChartInstall(real_node.plane.kubeconfig, real_node, log=print)
-    # KAI's classes may be there already (an earlier module made them, as KAI's chart would):
-    # the chart is then told not to make them, as its README says
-    classes = {c.metadata.name for c in client.SchedulingV1Api(
-        real_node.plane.api_client()).list_priority_class().items}
-    clear_leftovers_for_the_chart(real_node.plane.api_client())
-    chart.install(*(["--set", "priorityClasses.create=false"] if "train" in classes else []))
+    chart = install_chart_for_tests(real_node)
     yield chart
     if chart.pods():  # a test failed before the uninstall test
         print(chart.logs("scheduler", tail=80))

@@ -19,10 +19,9 @@ from kubernetes.client.rest import ApiException
 
 from kai_ray.testing import images
 from kai_ray.testing import ray_autoscale_bench as bench
-from kai_ray.testing.install import ChartInstall
 from kai_ray.testing.kuberay import start_kuberay_operator
 from kai_ray.testing.realnode import RealNode
-from tests.integration.helpers import clear_leftovers_for_the_chart
+from tests.integration.helpers import install_chart_for_tests
 
 pytestmark = [pytest.mark.integration, pytest.mark.realnode, pytest.mark.kuberay,
               pytest.mark.timeout(1500)]
@@ -42,11 +41,7 @@ def scheduler(real_node: RealNode) -> Iterator[Callable[[], str]]:
     `helm install` of this checkout's chart (its image, its ServiceAccounts; the scheduler and
     webhook run as pods on the real node). Yields the end of the scheduler pod's log, for
     failure messages."""
-    chart = ChartInstall(real_node.plane.kubeconfig, real_node, log=print)
-    classes = {c.metadata.name for c in client.SchedulingV1Api(
-        real_node.plane.api_client()).list_priority_class().items}
-    clear_leftovers_for_the_chart(real_node.plane.api_client())
-    chart.install(*(["--set", "priorityClasses.create=false"] if "train" in classes else []))
+    chart = install_chart_for_tests(real_node)
     yield lambda: chart.logs("scheduler", tail=200)
     chart.uninstall()
 

@@ -1,5 +1,5 @@
 """consolidation: move preemptible jobs (no net eviction) to open room for a pending
-preemptible job (kai-spec §6.7)."""
+preemptible job."""
 
 from __future__ import annotations
 

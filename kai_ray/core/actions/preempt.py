@@ -1,5 +1,5 @@
 """preempt: inside one queue, a job evicts strictly lower-priority preemptible jobs
-(kai-spec §6.5)."""
+(as KAI)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Min-runtime protection of victims (kai-spec §6.6)."""
+"""Min-runtime protection of victims (KAI's preemptMinRuntime and reclaimMinRuntime)."""
 
 from __future__ import annotations
 
