@@ -75,7 +75,7 @@ def compare_queues(sess: Session, lq: QueueState, rq: QueueState,
                    lreq: tuple[float, float, float], rreq: tuple[float, float, float],
                    ltaken: tuple[float, float, float] = (0.0, 0.0, 0.0),
                    rtaken: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> int:
-    """Negative when `lq` goes first (kai-spec §5.1, queue_order.go). `*taken` are victims
+    """Negative when `lq` goes first (KAI's queue_order.go). `*taken` are victims
     already taken from the queue (victim order only): they lower its dominant share."""
     l_over = _over(lq)
     r_over = _over(rq)

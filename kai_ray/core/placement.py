@@ -1,6 +1,6 @@
 """Choosing a node (and GPU devices) for one task: predicates and scores, vectorised over nodes.
 
-Scores follow KAI's plugins (kai-spec §7): gpusharingorder +1000 when an already-shared device of
+Scores follow KAI's plugins: gpusharingorder +1000 when an already-shared device of
 the node fits, nodeavailability +100 when the task fits without waiting for releasing resources,
 resourcetype +10 for a CPU-only task on a CPU-only node, and nodeplacement 0..9 (binpack: fewer
 free units scores higher, normalised over all candidate nodes; spread: free/total). Ties go to the

@@ -1,4 +1,4 @@
-"""allocate: place pending jobs in queue/job order, each gang all or nothing (kai-spec §7)."""
+"""allocate: place pending jobs in queue/job order, each gang all or nothing."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """reclaim: a queue below its fair share takes resources back from queues above theirs
-(kai-spec §6.4)."""
+(as KAI)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The victim solver shared by reclaim, preempt and consolidation (kai-spec §6.4).
+"""The victim solver shared by reclaim, preempt and consolidation.
 
 For a pending job it grows prefixes of its tasks-to-allocate. Each prefix starts from the victims
 recorded for the previous one and adds potential victims in victim order, one job (or one extra
