@@ -75,6 +75,16 @@ def api_clients(args: argparse.Namespace, conn: config_file.ClientConnection | N
                        timeout=request))
 
 
+def grouper_client(args: argparse.Namespace, conn: config_file.ClientConnection,
+                   file: config_file.ConfigFile) -> RateLimitedApiClient:
+    """The pod grouper's client, with a token bucket of its own of the same QPS and burst:
+    KAI runs its pod grouper as a process of its own, with its own client limit, and grouping
+    (PodGroup writes, owner reads) must not take the binds' tokens."""
+    timeout = file.api_timeouts()
+    return api_client(args.kubeconfig, qps=conn.qps, burst=conn.burst,
+                      timeout=(timeout.connect_s, timeout.request_s))
+
+
 def _health_config(file: config_file.ConfigFile) -> HealthConfig:
     h = file.health()
     return HealthConfig(max_cycle_age_s=h.max_cycle_age_s,
@@ -132,8 +142,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         for extra in extras:
             extra.stop()
         return 2
-    # 16: a bare pod costs the grouper two round trips (its PodGroup, its annotation)
-    loop.grouper = PodGrouper(api, cache, loop.events, workers=16)
+    # 16: a bare pod that waits costs the grouper two round trips (its PodGroup, its
+    # annotation); one scheduled at once, one (its PodGroup, after the bind)
+    grouper_api = grouper_client(args, conn, file)
+    loop.grouper = PodGrouper(grouper_api, cache, loop.events, workers=16)
     stop = threading.Event()
 
     def _stop(*_: object) -> None:
@@ -193,7 +205,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     loop.events.flush(5.0)  # events still queued (they are written off the bind path)
     cache.stop()
     # the loop's client takes its tokens from `api`'s bucket: counted there
-    for name, c in (("API", api), ("events", events_api)):
+    for name, c in (("API", api), ("events", events_api), ("pod grouper", grouper_api)):
         limiter = getattr(c, "limiter", None)
         if limiter is not None:
             log.info("%s client: %d requests, %.1fs waited for the rate limit", name,

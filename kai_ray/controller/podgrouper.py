@@ -31,13 +31,16 @@ from kubernetes.dynamic.exceptions import ResourceNotFoundError
 
 from kai_ray.controller.raywatch import RayClusterWatch
 from kai_ray.grouping import GroupingConfig
+from kai_ray.grouping.admission import requests_gpu_sharing
 from kai_ray.grouping.objects import GroupingError, RayClusterPending, ref
-from kai_ray.grouping.owners import resolve_top_owner
-from kai_ray.grouping.podgroup import group_pod, should_group
+from kai_ray.grouping.owners import Owners, resolve_top_owner
+from kai_ray.grouping.podgroup import Grouping, group_pod, should_group
 from kai_ray.grouping.update import podgroup_update
 from kai_ray.k8s import rawapi
 from kai_ray.k8s.cache import PG_GROUP, PG_PLURAL, PG_VERSION, ClusterCache
+from kai_ray.k8s.convert import LAST_START_ANNOTATION
 from kai_ray.k8s.events import EventRecorder
+from kai_ray.k8s.provisional import BOUND, WRITE, ProvisionalGroups, written_form
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
@@ -134,6 +137,10 @@ class PodGrouper:
         self._told: set[tuple[str, str]] = set()  # (pod uid, message) of one-off warnings
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="grouper")
         self.ray_watch: RayClusterWatch | None = None
+        # bare pods scheduled before their PodGroup is written (kai_ray.k8s.provisional): on
+        # only beside a scheduling loop (SchedulerLoop.run), which asks for the PodGroups of
+        # the pods it cannot place; a grouper on its own writes every PodGroup at once
+        self.defer_bare_pods = False
 
     # ------------------------------------------------------------------ reads
     def get_owner(self, api_version: str, kind: str, namespace: str, name: str
@@ -198,6 +205,7 @@ class PodGrouper:
                     keys.add(f"{m.get('namespace')}/{m['name']}")
         existing = {(pg["metadata"].get("namespace"), pg["metadata"]["name"])
                     for pg in self.cache.podgroups.values()}
+        registry = self._registry()
         todo = []
         for key in sorted(keys):
             pod = self.cache.pods.get(key)
@@ -206,9 +214,11 @@ class PodGrouper:
                 continue
             m = pod["metadata"]
             group = (m.get("annotations") or {}).get("pod-group-name")
-            if group and (m.get("namespace"), group) in existing and key in dirty \
+            if group and ((m.get("namespace"), group) in existing or (
+                    registry is not None and registry.state(
+                        f"{m.get('namespace')}/{group}") == BOUND)) and key in dirty \
                     and key not in keys - dirty:
-                continue  # a status update of an already grouped pod
+                continue  # a status update of an already grouped pod, or one just bound
             todo.append((key, pod))
         # pods are independent but for their PodGroup, which one pod per gang writes
         writes = PassWrites()
@@ -304,6 +314,8 @@ class PodGrouper:
                                  f"serves no such kind; the pod is grouped by {ref(owners.top)}"
                                  " instead")
         name = grouping.name
+        if self._defer(pod, owners, grouping):
+            return  # its PodGroup is written with or after its bind (kai_ray.k8s.provisional)
         writes.once(f"{ns}/{name}", lambda: self._write_podgroup(ns, name, grouping.podgroup))
         patch = grouping.pod_patch()
         m = pod["metadata"]
@@ -311,6 +323,60 @@ class PodGrouper:
         have_sub = (m.get("labels") or {}).get("kai.scheduler/subgroup-name")
         if have_ann != name or (grouping.subgroup is not None and have_sub != grouping.subgroup):
             rawapi.patch_pod(self.api, ns, m["name"], patch)
+
+    def _defer(self, pod: Obj, owners: Owners, grouping: Grouping) -> bool:
+        """Register the PodGroup of a bare, unbound pod instead of writing it, when the pod
+        may be scheduled with it unwritten: not one that shares a GPU (its bind needs a bind
+        intent, which lives on the PodGroup), and not while the loop asked for it written."""
+        m = pod["metadata"]
+        ns = m.get("namespace", "")
+        job_key = f"{ns}/{grouping.name}"
+        registry = self._registry()
+        if registry is None or owners.chain or owners.top.get("kind") != "Pod" \
+                or grouping.subgroup is not None or (pod.get("spec") or {}).get("nodeName") \
+                or requests_gpu_sharing(pod) or self.cache.podgroups.get(job_key) is not None:
+            return False
+        pg = grouping.podgroup
+        # ordered by the pod's creation (the PodGroup would have been created with the pod);
+        # the API server sets its own on create
+        created = {"creationTimestamp": m["creationTimestamp"]} if m.get(
+            "creationTimestamp") else {}
+        return registry.add(f"{ns}/{m['name']}", job_key, {
+            **pg, "metadata": {**pg["metadata"], "namespace": ns, **created}})
+
+    def _registry(self) -> ProvisionalGroups | None:
+        """Where bare pods' unwritten PodGroups are kept; None: every PodGroup is written at
+        once (`defer_bare_pods` off, or a cache without the registry)."""
+        return getattr(self.cache, "provisional", None) if self.defer_bare_pods else None
+
+    def create_after_bind(self, podgroup: Obj) -> None:
+        """Create the PodGroup of a bare pod the binder just bound (off the bind path, on this
+        grouper's client and its own rate limit, as KAI's pod grouper is a process of its own)."""
+        self.pool.submit(self._create_after_bind, podgroup)
+
+    def _create_after_bind(self, podgroup: Obj) -> None:
+        m = podgroup["metadata"]
+        job_key = f"{m['namespace']}/{m['name']}"
+        try:
+            rawapi.create_custom(self.api, PG_GROUP, PG_VERSION, m["namespace"], PG_PLURAL,
+                                 written_form(podgroup))
+            return
+        except ApiException as e:
+            if e.status == 409:  # written meanwhile by a grouping pass: only the stamp is due
+                start = (m.get("annotations") or {}).get(LAST_START_ANNOTATION)
+                if start:
+                    rawapi.annotate_quietly(self.api, PG_GROUP, PG_VERSION, PG_PLURAL,
+                                            "PodGroup", podgroup, {LAST_START_ANNOTATION: start})
+                return
+            why = _describe(e)
+        except Exception as e:  # a reset or a timeout: as a refusal, grouped again
+            why = _describe(e)
+        log.warning("PodGroup %s of a bound pod not created (%s); the grouper writes it",
+                    job_key, why)
+        registry = self._registry()
+        pod_key = registry.mark(job_key, WRITE) if registry is not None else None
+        if pod_key:
+            self.cache.regroup([pod_key])
 
     def _write_podgroup(self, ns: str, name: str, desired: Obj) -> None:
         current = self.cache.podgroups.get(f"{ns}/{name}")

@@ -21,6 +21,7 @@ from kai_ray.k8s.binder import Binder, BinderConfig
 from kai_ray.k8s.cache import ClusterCache
 from kai_ray.k8s.events import EventRecorder
 from kai_ray.k8s.fencing import MIN_LEASE_LEFT_S
+from kai_ray.k8s.provisional import WRITE, is_provisional
 from kai_ray.k8s.status import StatusWriter
 from kai_ray.k8s.suspend import DEMAND_ANNOTATION, Suspender, wants_suspend
 
@@ -92,6 +93,7 @@ class SchedulerLoop:
         self.leader_epoch: Callable[[], int] = lambda: 0
         self._cycle_epoch = 0
         self.binder.fence = self.fence
+        self.binder.provisional = getattr(cache, "provisional", None)
 
     def fence(self) -> float:
         """Seconds of writing left: none once stopping (SIGTERM: the lease is released only
@@ -212,6 +214,8 @@ class SchedulerLoop:
                 self.assumed[key] = _Assumed(PodStatus.BOUND, b.node, b.gpu_groups, bound_until)
         self._back_off(self.binder.gave_up)
         self._step("pending status", None, self.status.pending, result, podgroups, pods)
+        self._step("PodGroups of waiting bare pods", None, self._write_waiting_podgroups,
+                   result, podgroups)
         self._step("scheduled status", None, self.status.clear_scheduled, podgroups.values(),
                    set(result.job_status))
         self._step("stale gangs", None, self.status.stale, result, podgroups)
@@ -223,6 +227,17 @@ class SchedulerLoop:
                        pods.values(), podgroups.values(),
                        {g for a in self.assumed.values() if a.status == PodStatus.BOUND
                         for g in a.groups})
+
+    def _write_waiting_podgroups(self, result: CycleResult, podgroups: dict[str, Obj]) -> None:
+        """A bare pod scheduled before its PodGroup was written (kai_ray.k8s.provisional)
+        that this cycle could not place gets its PodGroup now, which then carries why."""
+        registry = self.binder.provisional
+        if registry is None:
+            return
+        keys = [pod_key for job in result.job_status if is_provisional(podgroups.get(job))
+                and (pod_key := registry.mark(job, WRITE))]
+        if keys:
+            self.cache.regroup(keys)
 
     def _step(self, what: str, default: Any, fn: Any, *args: Any) -> Any:
         if self.fence() < MIN_LEASE_LEFT_S:
@@ -338,6 +353,10 @@ class SchedulerLoop:
         log.info("scheduling core: %s", describe_core())
         if self.grouper is not None and (self._grouping is None
                                          or not self._grouping.is_alive()):
+            # bare pods are placed before their PodGroups are written; once one is bound, its
+            # PodGroup goes out on the grouper's client (kai_ray.k8s.provisional)
+            self.grouper.defer_bare_pods = True
+            self.binder.create_podgroup = self.grouper.create_after_bind
             self._grouping = threading.Thread(target=self._group_forever, args=(is_leader,),
                                               name="pod-grouper", daemon=True)
             self._grouping.start()

@@ -45,6 +45,7 @@ from kai_ray.k8s import convert, rawapi
 from kai_ray.k8s.cache import PG_GROUP, PG_PLURAL, PG_VERSION
 from kai_ray.k8s.events import EventRecorder
 from kai_ray.k8s.fencing import MIN_LEASE_LEFT_S, Fenced, fenced_timeout
+from kai_ray.k8s.provisional import WAITING, ProvisionalGroups, is_provisional, written_form
 from kai_ray.k8s.ratelimit import DEFAULT_TIMEOUT
 from kai_ray.k8s.status import not_scheduled
 
@@ -138,6 +139,10 @@ class Binder:
         # lost its lease has stopped writing before a standby can take over
         self.fence: Callable[[], float] = lambda: math.inf
         self.fenced = 0  # gangs whose binds stopped for it (a test and the log read it)
+        # bare pods scheduled before their PodGroup is written: the registry (the cache's)
+        # and who creates the PodGroup once the pod is bound (the pod grouper, when it runs)
+        self.provisional: ProvisionalGroups | None = None
+        self.create_podgroup: Callable[[Obj], None] = self._create_podgroup
 
     def write_timeout(self) -> tuple[float, float] | None:
         """The (connect, read) timeout of a fenced write; raises Fenced when too little
@@ -292,6 +297,8 @@ class Binder:
                 return 0
             stamp = ({convert.LAST_START_ANNOTATION: convert.now_rfc3339()} if job in starting
                      else {})
+            if is_provisional(pg):
+                return self._bind_bare_pod(job, pg, binds, pods, stamp)
             if len(binds) == 1 and not binds[0].gpu_groups:
                 # one Binding is atomic: nothing can be left half done, no intent needed (a
                 # shared-GPU pod has one: it may wait cycles for its reservation pod)
@@ -312,8 +319,40 @@ class Binder:
         self.last_bound = {f"{b.namespace}/{b.pod}" for b in self._bound_now}
         return done
 
+    def _bind_bare_pod(self, job: str, pg: Obj, binds: list[Bind], pods: dict[str, Obj],
+                       stamp: dict[str, str]) -> int:
+        """A bare pod whose PodGroup is not written yet (kai_ray.k8s.provisional): bound with
+        `pod-group-name` on its Binding, then its PodGroup is created, stamped with the start.
+        Two writes on its way to the node (the Binding, its event), as kube-scheduler's."""
+        if len(binds) != 1 or binds[0].gpu_groups or self.provisional is None \
+                or not self.provisional.claim_for_bind(job):
+            log.info("PodGroup %s: not bound as a bare pod (being written); next cycle", job)
+            return 0
+        name = pg["metadata"]["name"]
+        done = self._bind_gang(pg, binds, pods, intent=False,
+                               annotations={convert.POD_GROUP_ANNOTATION: name})
+        if not done:
+            self.provisional.mark(job, WAITING)
+            return 0
+        m = pg["metadata"]
+        body = {**pg, "metadata": {**m, "annotations": {**(m.get("annotations") or {}),
+                                                        **stamp}}}
+        self.create_podgroup(body)
+        return done
+
+    def _create_podgroup(self, podgroup: Obj) -> None:
+        """Without a pod grouper to hand it to (tests, tools): created here."""
+        m = podgroup["metadata"]
+        try:
+            rawapi.create_custom(self.api, PG_GROUP, PG_VERSION, m["namespace"], PG_PLURAL,
+                                 written_form(podgroup))
+        except Exception as e:  # the grouper, when there is one, writes it on its next pass
+            log.warning("PodGroup %s/%s of a bound pod not created: %s", m["namespace"],
+                        m["name"], describe_error(e))
+
     def _bind_gang(self, pg: Obj, binds: list[Bind], pods: dict[str, Obj],
-                   intent: bool = True, started: dict[str, str] | None = None) -> int:
+                   intent: bool = True, started: dict[str, str] | None = None,
+                   annotations: Mapping[str, str] | None = None) -> int:
         """Bind `binds` in order. A failed bind stops the gang's binds for this call (they
         stay in the intent; a later cycle goes on), so a refusal binds as few of a gang as
         possible. A transient fault is retried after a back-off for as long as it lasts; after
@@ -346,7 +385,7 @@ class Binder:
                     if devices is None:
                         continue  # stays in the intent: a later cycle binds it
                     self._prepare_shared_gpu(pod, b, devices)
-                self._bind(pod, b.node)
+                self._bind(pod, b.node, annotations)
             except ReservationFailed as e:
                 self._give_up(pod, e)
                 dropped.append(b.pod)  # out of the intent: Pending again, room released
@@ -547,10 +586,10 @@ class Binder:
             else:
                 ann[k] = v
 
-    def _bind(self, pod: Obj, node: str) -> None:
+    def _bind(self, pod: Obj, node: str, annotations: Mapping[str, str] | None = None) -> None:
         m = pod["metadata"]
         rawapi.bind(self.api, m["namespace"], m["name"], m.get("uid"), node,
-                    timeout=self.write_timeout())
+                    timeout=self.write_timeout(), annotations=annotations)
 
     # ------------------------------------------------------------------ GPU sharing
     def _ensure_reservation_access(self) -> None:

@@ -21,6 +21,7 @@ from kubernetes.watch.watch import iter_resp_lines
 from kai_ray.core.model import Job, Node, PodStatus, Snapshot
 from kai_ray.core.queuetree import queue_cycles
 from kai_ray.k8s import convert, trim
+from kai_ray.k8s.provisional import ProvisionalGroups
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
@@ -237,6 +238,8 @@ class ClusterCache:
         self.pods_to_group = threading.Event()
         self.grouping_wakeups = 0
         self._dirty_lock = threading.Lock()
+        # bare pods' PodGroups the grouper has not written (kai_ray.k8s.provisional)
+        self.provisional = ProvisionalGroups()
         # each kind trimmed to what the scheduler reads (kai_ray.k8s.trim): ~7x less per pod
         self.nodes = Informer("nodes", core.list_node, self._touch, transform=trim.trim_node)
         self.pods = Informer("pods", core.list_pod_for_all_namespaces, self._pod_changed,
@@ -265,6 +268,12 @@ class ClusterCache:
                 self.grouping_wakeups += 1
                 self.pods_to_group.set()
         self.changed.set()
+
+    def regroup(self, pod_keys: Iterable[str]) -> None:
+        """Have the pod grouper look at these pods again, now."""
+        with self._dirty_lock:
+            self.dirty_pods.update(pod_keys)
+            self.pods_to_group.set()
 
     def take_dirty_pods(self) -> list[str]:
         with self._dirty_lock:
@@ -320,10 +329,19 @@ class ClusterCache:
         foreign: dict[str, list[int]] = {}
         reservations: list[Obj] = []  # live reservation pods (decided on once jobs are read)
         intent_devices: set[tuple[str, str]] = set()  # (node, group) left-out intents hold
+        provisional, provisional_pods = self.provisional.view() if len(self.provisional) \
+            else ({}, {})
+        live: set[str] = set()
         for pod in self.pods.values():
             m = pod.get("metadata") or {}
             if convert.is_ours(pod):
                 group = (m.get("annotations") or {}).get(convert.POD_GROUP_ANNOTATION)
+                if provisional:
+                    key = f"{m.get('namespace', '')}/{m.get('name')}"
+                    live.add(key)
+                if not group and provisional:  # a bare pod whose PodGroup is not written yet
+                    job_key = provisional_pods.get(key)
+                    group = job_key.split("/", 1)[1] if job_key else None
                 if group:
                     by_group.setdefault((m.get("namespace", ""), group), []).append(pod)
                 continue
@@ -343,7 +361,12 @@ class ClusterCache:
         classes, default = self._priority_classes(problems)
         jobs = []
         podgroups: dict[str, Obj] = {}
-        for pg in self.podgroups.values():
+        written = {f"{pg['metadata'].get('namespace', '')}/{pg['metadata']['name']}"
+                   for pg in self.podgroups.values()} if provisional else set()
+        if provisional:
+            self.provisional.prune(live, written)
+        unwritten = [pg for key, pg in provisional.items() if key not in written]
+        for pg in [*self.podgroups.values(), *unwritten]:
             m = pg["metadata"]
             # a gang suspended by preemption (a RayJob) keeps its demand as stand-in pods
             members = by_group.pop((m.get("namespace", ""), m["name"]), None)

@@ -46,10 +46,13 @@ def _send(api: client.ApiClient, method: str, path: str, body: Any, content_type
 
 
 def bind(api: client.ApiClient, namespace: str, name: str, uid: str | None, node: str,
-         timeout: Timeout = None) -> None:
+         timeout: Timeout = None, annotations: Mapping[str, str] | None = None) -> None:
+    """`annotations` land on the pod with the bind (the API server copies a Binding's)."""
     meta: Obj = {"name": name, "namespace": namespace}
     if uid:
         meta["uid"] = uid
+    if annotations:
+        meta["annotations"] = dict(annotations)
     request(api, "POST", f"/api/v1/namespaces/{namespace}/pods/{name}/binding",
             {"apiVersion": "v1", "kind": "Binding", "metadata": meta,
              "target": {"apiVersion": "v1", "kind": "Node", "name": node}}, timeout=timeout)
@@ -93,6 +96,11 @@ def annotate_quietly(api: client.ApiClient, group: str, version: str, plural: st
                     sorted(annotations), type(e).__name__, e)
         return False
     return True
+
+
+def get_text(api: client.ApiClient, path: str, timeout: Timeout = None) -> str:
+    """GET `path` (e.g. /metrics), the answer as text."""
+    return _send(api, "GET", path, None, "", timeout).decode("utf-8", "replace")
 
 
 def request_json(api: client.ApiClient, method: str, path: str, body: Any = None,

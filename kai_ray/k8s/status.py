@@ -17,6 +17,7 @@ from kai_ray.core.result import CycleResult, JobStatus, QueueShare
 from kai_ray.k8s import convert, rawapi
 from kai_ray.k8s.cache import PG_GROUP, PG_PLURAL, PG_VERSION, Q_GROUP, Q_PLURAL, Q_VERSION
 from kai_ray.k8s.events import EventRecorder
+from kai_ray.k8s.provisional import is_provisional
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
@@ -75,8 +76,8 @@ class StatusWriter:
                     pod = pods.get(f"{status.namespace}/{name}")
                     if pod is not None:
                         self._pod_unschedulable(pod, status, pg)
-                if pg is not None:
-                    self._podgroup_unschedulable(pg, status)
+                if pg is not None and not is_provisional(pg):  # not written yet: nothing to
+                    self._podgroup_unschedulable(pg, status)  # write on (the loop asks for it)
             except Exception as e:  # one job's status; the next cycle writes it again
                 log.warning("status of %s/%s not written: %s: %s", status.namespace,
                             status.job, type(e).__name__, e)
@@ -156,12 +157,12 @@ class StatusWriter:
             self._annotate(podgroups.get(job), convert.STALE_ANNOTATION, None)
         for job, ev in {e.job: e for e in result.evictions}.items():
             pg = podgroups.get(job)
-            if pg is not None:
+            if pg is not None and not is_provisional(pg):
                 self.events.emit(pg, "Evict", ev.message, kind="PodGroup",
                                  api_version=f"{PG_GROUP}/{PG_VERSION}")
 
     def _annotate(self, pg: Obj | None, key: str, value: str | None) -> None:
-        if pg is not None:
+        if pg is not None and not is_provisional(pg):
             rawapi.annotate_quietly(self.api, PG_GROUP, PG_VERSION, PG_PLURAL, "PodGroup", pg,
                                     {key: value})
 

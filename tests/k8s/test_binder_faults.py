@@ -65,7 +65,7 @@ class _Binder(Binder):
         self.server_bound: set[str] = set()
         self.unreadable_now: set[str] = set()
 
-    def _bind(self, pod: dict, node: str) -> None:
+    def _bind(self, pod: dict, node: str, annotations: object = None) -> None:
         name = pod["metadata"]["name"]
         self.tries.append(name)
         if name in self.refuse:
