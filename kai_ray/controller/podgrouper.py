@@ -222,7 +222,11 @@ class PodGrouper:
             todo.append((key, pod))
         # pods are independent but for their PodGroup, which one pod per gang writes
         writes = PassWrites()
-        return sum(self.pool.map(lambda item: self._group_one(*item, writes), todo))
+        handled = sum(self.pool.map(lambda item: self._group_one(*item, writes), todo))
+        arrivals = getattr(self.cache, "arrivals", None)
+        if handled and arrivals is not None:
+            arrivals.set()  # grouped pods may be placed now: the loop need not wait its period
+        return handled
 
     def _group_one(self, key: str, pod: Obj, writes: PassWrites) -> int:
         """Group one pod; every failure stays with this pod (never the pass), and leaves it

@@ -39,6 +39,8 @@ PROBLEM_KINDS = {"Pod": "v1", "Node": "v1", "PriorityClass": "scheduling.k8s.io/
 @dataclass
 class LoopConfig:
     period_s: float = 1.0
+    # new work starts the next cycle early, but never sooner than this after the last began
+    min_period_s: float = 0.1
     core: SchedulerConfig = field(default_factory=SchedulerConfig)
     binder: BinderConfig = field(default_factory=BinderConfig)
     reservation_gc: bool = True
@@ -360,8 +362,11 @@ class SchedulerLoop:
             self._grouping = threading.Thread(target=self._group_forever, args=(is_leader,),
                                               name="pod-grouper", daemon=True)
             self._grouping.start()
+        arrivals = getattr(self.cache, "arrivals", None)
         while not self.stopping.is_set():
             started = time.monotonic()
+            if arrivals is not None:
+                arrivals.clear()  # what arrives from now on is not in this cycle's snapshot
             if is_leader is None or is_leader():
                 self.cycle_started = started
                 self._cycle_epoch = self.leader_epoch()
@@ -378,12 +383,27 @@ class SchedulerLoop:
                     self.cycle_started = None
             else:
                 self.last_progress = time.monotonic()  # a follower waits: that is its work
-            elapsed = time.monotonic() - started
             self.cache.changed.clear()
-            self.stopping.wait(max(0.0, self.config.period_s - elapsed))
+            self._wait_for_next_cycle(started, arrivals)
+
+    def _wait_for_next_cycle(self, started: float, arrivals: threading.Event | None) -> None:
+        """Until `period_s` after the cycle began, or, once new work arrived (a pending pod
+        or a PodGroup created, pods grouped), `min_period_s` after it began: a new gang is
+        placed within a fraction of a second, not at the next tick, as kube-scheduler places a
+        new pod at once."""
+        deadline = started + self.config.period_s
+        if arrivals is None:
+            self.stopping.wait(max(0.0, deadline - time.monotonic()))
+            return
+        left = deadline - time.monotonic()
+        if left > 0 and arrivals.wait(left) and not self.stopping.is_set():
+            self.stopping.wait(max(0.0, started + self.config.min_period_s - time.monotonic()))
 
     def stop(self) -> None:
         self.stopping.set()
+        arrivals = getattr(self.cache, "arrivals", None)
+        if arrivals is not None:
+            arrivals.set()  # the loop may wait on it
         wake = getattr(self.cache, "pods_to_group", None)
         if wake is not None:
             wake.set()  # the grouper thread waits on it

@@ -238,6 +238,9 @@ class ClusterCache:
         self.pods_to_group = threading.Event()
         self.grouping_wakeups = 0
         self._dirty_lock = threading.Lock()
+        # new work (a pending pod of ours or a PodGroup created, pods grouped): the loop
+        # starts its next cycle early instead of at the end of its period
+        self.arrivals = threading.Event()
         # bare pods' PodGroups the grouper has not written (kai_ray.k8s.provisional)
         self.provisional = ProvisionalGroups()
         # each kind trimmed to what the scheduler reads (kai_ray.k8s.trim): ~7x less per pod
@@ -246,7 +249,7 @@ class ClusterCache:
                              transform=trim.trim_pod)
         self.podgroups = Informer(
             "podgroups", lambda **kw: custom.list_cluster_custom_object(
-                PG_GROUP, PG_VERSION, PG_PLURAL, **kw), self._touch,
+                PG_GROUP, PG_VERSION, PG_PLURAL, **kw), self._podgroup_changed,
             transform=trim.trim_podgroup)
         self.queues = Informer(
             "queues", lambda **kw: custom.list_cluster_custom_object(
@@ -267,6 +270,13 @@ class ClusterCache:
                 self.dirty_pods.add(_key(obj))
                 self.grouping_wakeups += 1
                 self.pods_to_group.set()
+            if kind == "ADDED" and not (obj.get("spec") or {}).get("nodeName"):
+                self.arrivals.set()
+        self.changed.set()
+
+    def _podgroup_changed(self, kind: str, obj: Obj, old: Obj | None) -> None:
+        if kind == "ADDED":
+            self.arrivals.set()
         self.changed.set()
 
     def regroup(self, pod_keys: Iterable[str]) -> None:
