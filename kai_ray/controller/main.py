@@ -16,7 +16,6 @@ from kai_ray.controller.leader import LeaderElector, LeaseConfig
 from kai_ray.controller.metrics import SchedulerMetrics, start_metrics_server
 from kai_ray.controller.podgrouper import PodGrouper
 from kai_ray.controller.scheduler_loop import LoopConfig, SchedulerLoop
-from kai_ray.controller.webhook import WebhookConfig, start_webhook
 from kai_ray.grouping import GroupingConfig
 from kai_ray.k8s import config_file
 from kai_ray.k8s.cache import ClusterCache
@@ -110,6 +109,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     # (no urllib3 retries: each would resend a write with a whole timeout, past the lease the
     # write was fenced on; the loop tries again next cycle)
     loop_api = api.sibling(retries=False)
+    # the Bindings on a bucket of their own: KAI's binder is a deployment of its own, with
+    # its own client limit (docs/configuration.md)
+    bind_api = loop_api.sibling(retries=False, own_bucket=True)
     metrics = SchedulerMetrics()
     cache = ClusterCache(api, watch_timeout=max(1, round(timeouts.watch_s)),
                          connect_timeout=timeouts.connect_s,
@@ -117,8 +119,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     loop = SchedulerLoop(loop_api, cache, loop_config, grouper=None,  # no API call yet
                          on_cycle=lambda r: (metrics.record_cycle(r, r.action_seconds.get(
                              "cycle")), metrics.record_events(loop.events.stats())),
-                         events_api=events_api)
-    loop_api.fence = loop.fence  # checked as each request is sent (kai_ray.k8s.fencing)
+                         events_api=events_api, bind_api=bind_api)
+    # checked as each request is sent (kai_ray.k8s.fencing)
+    loop_api.fence = bind_api.fence = loop.fence
     worker: threading.Thread | None = None
     elector: LeaderElector | None = None
     extras: list[Any] = []
@@ -129,7 +132,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         health = Health(_health_config(file), loop, cache, lambda: worker,
                         threads=lambda: _workers(loop, elector),
                         watches=lambda: _watches(loop),
-                        last_answer=lambda: loop_api.last_answer,
+                        last_answer=lambda: max(loop_api.last_answer, bind_api.last_answer),
                         starting="waiting for the watch cache to sync")
         health_server = HealthServer(health, args.health_port,
                                      getattr(args, "health_addr", "127.0.0.1"))
@@ -159,6 +162,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         extras.append(server)
         log.info("metrics on %s", server.url)
     if getattr(args, "webhook", False):
+        # imported only here: kopf takes a fifth of a second to import, a scheduler without
+        # its webhook need not wait for it before it schedules
+        from kai_ray.controller.webhook import WebhookConfig, start_webhook
+
         if health is not None:
             health.starting = "waiting for the admission webhook"
         grouping = GroupingConfig(validate_queue=bool(args.validate_queue))
@@ -205,7 +212,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     loop.events.flush(5.0)  # events still queued (they are written off the bind path)
     cache.stop()
     # the loop's client takes its tokens from `api`'s bucket: counted there
-    for name, c in (("API", api), ("events", events_api), ("pod grouper", grouper_api)):
+    for name, c in (("API", api), ("binds", bind_api), ("events", events_api),
+                    ("pod grouper", grouper_api)):
         limiter = getattr(c, "limiter", None)
         if limiter is not None:
             log.info("%s client: %d requests, %.1fs waited for the rate limit", name,

@@ -61,11 +61,12 @@ class _Assumed:
 class SchedulerLoop:
     def __init__(self, api: client.ApiClient, cache: ClusterCache, config: LoopConfig,
                  grouper: Any = None, on_cycle: Any = None,
-                 events_api: client.ApiClient | None = None) -> None:
+                 events_api: client.ApiClient | None = None,
+                 bind_api: client.ApiClient | None = None) -> None:
         self.cache = cache
         self.config = config
         self.events = EventRecorder(events_api or api)
-        self.binder = Binder(api, self.events, config.binder)
+        self.binder = Binder(api, self.events, config.binder, bind_api=bind_api)
         self.status = StatusWriter(api, self.events)
         self.suspender = Suspender(api, self.events)
         self.grouper = grouper

@@ -104,8 +104,12 @@ class ReservationFailed(RuntimeError):
 
 class Binder:
     def __init__(self, api: client.ApiClient, events: EventRecorder,
-                 config: BinderConfig | None = None) -> None:
+                 config: BinderConfig | None = None,
+                 bind_api: client.ApiClient | None = None) -> None:
+        """`bind_api`: the client the Bindings go out on (default `api`): `kai-ray run` gives
+        them a rate limit of their own, as KAI's binder is a process of its own."""
         self.api = api
+        self.bind_api = bind_api or api
         self.core = client.CoreV1Api(api)
         self.custom = client.CustomObjectsApi(api)
         self.events = events
@@ -588,7 +592,7 @@ class Binder:
 
     def _bind(self, pod: Obj, node: str, annotations: Mapping[str, str] | None = None) -> None:
         m = pod["metadata"]
-        rawapi.bind(self.api, m["namespace"], m["name"], m.get("uid"), node,
+        rawapi.bind(self.bind_api, m["namespace"], m["name"], m.get("uid"), node,
                     timeout=self.write_timeout(), annotations=annotations)
 
     # ------------------------------------------------------------------ GPU sharing

@@ -87,12 +87,17 @@ class RateLimitedApiClient(client.ApiClient):
         # cycle that still gets answers is working, one that gets none is wedged
         self.last_answer = time.monotonic()
 
-    def sibling(self, retries: bool | int | None = None) -> RateLimitedApiClient:
+    def sibling(self, retries: bool | int | None = None,
+                own_bucket: bool = False) -> RateLimitedApiClient:
         """A client of the same configuration, limiter (one rate limit for both) and timeout,
         with its own connections and its own `last_answer`: the scheduling loop's, so that
         /healthz hears of answers to the loop's requests, not to lease renewals or watches.
-        `retries` as for the constructor."""
-        twin = RateLimitedApiClient(self.configuration, self.limiter, self.timeout,
+        `retries` as for the constructor; `own_bucket`: a token bucket of its own, of the same
+        QPS and burst, instead of this client's."""
+        limiter = self.limiter
+        if own_bucket and limiter is not None:
+            limiter = TokenBucket(limiter.qps, limiter.burst)
+        twin = RateLimitedApiClient(self.configuration, limiter, self.timeout,
                                     retries=retries)
         twin.default_headers = dict(self.default_headers)
         twin.cookie = self.cookie
