@@ -16,12 +16,12 @@ with ``_preload_content=False`` so that objects are plain JSON dicts for every k
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import orjson
 from kubernetes import watch
 
 log = logging.getLogger(__name__)
@@ -76,7 +76,7 @@ class ListWatchCache:
     # -- internals ----------------------------------------------------------------------------
     def _relist(self) -> str:
         response = self._list(_preload_content=False)
-        listing: dict[str, Any] = json.loads(response.data)
+        listing: dict[str, Any] = orjson.loads(response.data)
         items = {o["metadata"]["name"]: self._value(o) for o in listing.get("items") or []}
         with self._lock:
             self._items = items

@@ -203,9 +203,9 @@ class PodGrouper:
                 if group and (m.get("namespace"), group) not in seen:
                     seen.add((m.get("namespace"), group))
                     keys.add(f"{m.get('namespace')}/{m['name']}")
-        existing = {(pg["metadata"].get("namespace"), pg["metadata"]["name"])
-                    for pg in self.cache.podgroups.values()}
         registry = self._registry()
+        # looked up per pod, never built whole: a pass per pod event, thousands of PodGroups
+        also_due = keys - dirty
         todo = []
         for key in sorted(keys):
             pod = self.cache.pods.get(key)
@@ -214,11 +214,11 @@ class PodGrouper:
                 continue
             m = pod["metadata"]
             group = (m.get("annotations") or {}).get("pod-group-name")
-            if group and ((m.get("namespace"), group) in existing or (
-                    registry is not None and registry.state(
-                        f"{m.get('namespace')}/{group}") == BOUND)) and key in dirty \
-                    and key not in keys - dirty:
-                continue  # a status update of an already grouped pod, or one just bound
+            if group and key in dirty and key not in also_due:
+                job_key = f"{m.get('namespace')}/{group}"
+                if self.cache.podgroups.get(job_key) is not None or (
+                        registry is not None and registry.state(job_key) == BOUND):
+                    continue  # a status update of an already grouped pod, or one just bound
             todo.append((key, pod))
         # pods are independent but for their PodGroup, which one pod per gang writes
         writes = PassWrites()

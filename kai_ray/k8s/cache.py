@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import random
 import threading
@@ -13,6 +12,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
+import orjson
 import urllib3
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -106,7 +106,7 @@ class Informer:
             resp = self.list_fn(_preload_content=False,
                                 _request_timeout=(self.connect_timeout, self.list_timeout),
                                 **page)
-            body = json.loads(resp.data)
+            body = orjson.loads(resp.data)
             del resp
             self.last_contact = time.monotonic()
             for o in body.get("items") or []:
@@ -139,7 +139,7 @@ class Informer:
                     return
                 self.last_contact = time.monotonic()
                 if line:
-                    yield json.loads(line)
+                    yield orjson.loads(line)
         finally:
             resp.release_conn()
 

@@ -4,11 +4,11 @@ itself. Authentication, the connection pool and the client's rate limit stay the
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Mapping
 from typing import Any
 
+import orjson
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
@@ -108,7 +108,7 @@ def request_json(api: client.ApiClient, method: str, path: str, body: Any = None
     """As `request`, returning the answer's JSON object ({} when it is not one)."""
     data = _send(api, method, path, body, content_type, timeout)
     try:
-        answer = json.loads(data) if data else {}
+        answer = orjson.loads(data) if data else {}
     except ValueError:
         return {}
     return answer if isinstance(answer, dict) else {}
