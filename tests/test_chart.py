@@ -182,7 +182,8 @@ def test_the_schedulers_writes_policy_names_its_account(helm: str) -> None:
                       "'system:serviceaccount:sched:kai-ray-scheduler'"}]
     rules = {(r["resources"][0], tuple(r["operations"]))
              for r in policy["spec"]["matchConstraints"]["resourceRules"]}
-    assert rules == {("pods", ("UPDATE",)), ("configmaps", ("CREATE", "UPDATE", "DELETE"))}
+    assert rules == {("pods", ("UPDATE",)), ("pods/binding", ("CREATE",)),
+                     ("configmaps", ("CREATE", "UPDATE", "DELETE"))}
     binding = by_kind(docs, "ValidatingAdmissionPolicyBinding")["kai-ray-scheduler-writes"]
     assert binding["spec"] == {"policyName": "kai-ray-scheduler-writes",
                                "validationActions": ["Deny"]}

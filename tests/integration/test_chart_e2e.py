@@ -422,6 +422,21 @@ def test_the_schedulers_pod_and_configmap_writes_are_held_to_its_own(
         "user-shared-gpu-0", gpu_env, owner)), "only ConfigMaps owned by a pod")
     refused(lambda: sched.delete_namespaced_config_map("user-shared-gpu-0", ns),
             "only ConfigMaps owned by a pod")
+    # a Binding may name the pod's PodGroup (a bare pod is bound so), nothing else
+    node = "any-node"  # a Binding does not check that its node exists
+
+    def binding(annotations: dict[str, str]) -> dict[str, Any]:
+        return {"apiVersion": "v1", "kind": "Binding",
+                "metadata": {"name": "web", "annotations": annotations},
+                "target": {"apiVersion": "v1", "kind": "Node", "name": node}}
+
+    refused(lambda: sched.create_namespaced_pod_binding(
+        "web", ns, binding({"pod-group-name": "pg-web", "note": "b"})),
+        "only the pod-group-name annotation")
+    sched.create_namespaced_pod_binding("web", ns, binding({"pod-group-name": "pg-web"}),
+                                        _preload_content=False)
+    bound = core.read_namespaced_pod("web", ns)
+    assert bound.spec.node_name == node and bound.metadata.annotations["note"] == "a"
     # anyone else is not concerned
     core.patch_namespaced_pod("web", ns, {"metadata": {"labels": {"app": "other"}}})
 
