@@ -567,11 +567,10 @@ def test_row_counts() -> None:
 
 SCENARIO_FILES = sorted({*ROOT.glob("kai_ray/sim/data/*.yaml"),
                          *ROOT.glob("tests/scenarios/*.yaml"),
-                         *ROOT.glob("benchmarks/data/**/*.yaml"),
-                         *ROOT.parent.glob("shared/scenarios/*.yaml")})
+                         *ROOT.glob("benchmarks/data/**/*.yaml")})
 
 
-@pytest.mark.parametrize("path", SCENARIO_FILES, ids=[str(p.relative_to(ROOT.parent))
+@pytest.mark.parametrize("path", SCENARIO_FILES, ids=[str(p.relative_to(ROOT))
                                                       for p in SCENARIO_FILES])
 def test_every_scenario_file_in_the_repo_loads(path: Path) -> None:
     assert scenario_mod.load(path)

@@ -1,4 +1,4 @@
-"""Run scenarios through the real core and check their expectations (FORMAT.md)."""
+"""Run scenarios through the real core and check their expectations (docs/scenario-format.md)."""
 
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ def _subgroups(gang) -> dict[str, int]:  # type: ignore[no-untyped-def]
     return {s["name"]: s["minMember"] for s in gang.subgroups}
 
 
-# KAI's documented examples (kai-spec §3 "Examples", ray_grouper_test.go)
+# KAI's documented examples (its Ray pod grouper's tests, ray_grouper_test.go)
 def test_kai_example_two_groups() -> None:
     gang = ray_gang(ray_cluster("rc", worker_group(3, 2), worker_group(3, 1)))
     assert gang.min_member == 4
