@@ -39,7 +39,8 @@ PROBLEM_KINDS = {"Pod": "v1", "Node": "v1", "PriorityClass": "scheduling.k8s.io/
 @dataclass
 class LoopConfig:
     period_s: float = 1.0
-    # new work starts the next cycle early, but never sooner than this after the last began
+    # new work starts the next cycle early: this long after it arrived (the rest of a gang
+    # created one pod at a time is read with its first pod)
     min_period_s: float = 0.1
     core: SchedulerConfig = field(default_factory=SchedulerConfig)
     binder: BinderConfig = field(default_factory=BinderConfig)
@@ -389,16 +390,17 @@ class SchedulerLoop:
 
     def _wait_for_next_cycle(self, started: float, arrivals: threading.Event | None) -> None:
         """Until `period_s` after the cycle began, or, once new work arrived (a pending pod
-        or a PodGroup created, pods grouped), `min_period_s` after it began: a new gang is
-        placed within a fraction of a second, not at the next tick, as kube-scheduler places a
-        new pod at once."""
+        or a PodGroup created, pods grouped), `min_period_s` after it arrived: a new gang is
+        placed within a fraction of a second, not at the next tick, and the pause lets the
+        rest of a gang whose first pod woke the loop arrive before the cycle reads it."""
         deadline = started + self.config.period_s
         if arrivals is None:
             self.stopping.wait(max(0.0, deadline - time.monotonic()))
             return
         left = deadline - time.monotonic()
         if left > 0 and arrivals.wait(left) and not self.stopping.is_set():
-            self.stopping.wait(max(0.0, started + self.config.min_period_s - time.monotonic()))
+            self.stopping.wait(max(0.0, min(self.config.min_period_s,
+                                            deadline - time.monotonic())))
 
     def stop(self) -> None:
         self.stopping.set()

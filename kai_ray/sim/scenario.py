@@ -123,7 +123,8 @@ def _quota_value(value: float | None) -> float | None:
 
 
 def _weight(value: float | None) -> float | None:
-    # KAI's fixtures give the shared parent queue weight -1 (docs/scenario-format.md), so -1 stays valid
+    # KAI's fixtures give the shared parent queue weight -1 (docs/scenario-format.md), so -1
+    # stays valid
     if value is not None and value != -1 and value < 0:
         raise ValueError("must be >= 0 (or -1, as KAI's fixtures give a parent queue)")
     return value
