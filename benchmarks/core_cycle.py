@@ -2,9 +2,16 @@
 
     python benchmarks/core_cycle.py [--sizes 100 1000 5000] [--repeat 5] [--count-calls]
                                     [--compiled] [--native] [--busy] [--no-actions]
+                                    [--gpu-packing POLICY] [--compare]
 
 `--no-actions` runs the cycle without its actions (`SchedulerConfig.actions = ()`): the fixed
 part, reading the snapshot, building the session and fair share, and the result.
+
+`--gpu-packing` sets `SchedulerConfig.gpu_packing` (default "kai"; e.g. "lookahead": GPU pods
+placed by that packing policy of kai_ray.core.packing, in either core).
+
+`--compare` (with `--native`) also runs the Python core on each cluster, untimed, and says
+whether every field of the two results is equal (the comparison of tests/core/test_native_core.py).
 
 `--busy` runs the mostly running clusters of `kai_ray.sim.synthetic.busy_cluster` (27 pods
 per node, 42 pending pods, shaped like KAI-Scheduler#315) instead of the issue's workload.
@@ -31,6 +38,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import functools
 import os
 import statistics
@@ -39,9 +47,10 @@ import sys
 import time
 from pathlib import Path
 
-from kai_ray.core import placement
+from kai_ray.core import packing, placement
 from kai_ray.core.actions import solver, victim_stream
 from kai_ray.core.model import SchedulerConfig
+from kai_ray.core.result import CycleResult
 from kai_ray.core.schedule import Core, schedule
 from kai_ray.sim.synthetic import busy_cluster, cluster
 from kai_ray.testing import compiled_core, native_core
@@ -56,7 +65,11 @@ def main() -> int:
     parser.add_argument("--native", action="store_true")
     parser.add_argument("--busy", action="store_true")
     parser.add_argument("--no-actions", action="store_true")
+    parser.add_argument("--gpu-packing", default="kai", choices=packing.POLICIES)
+    parser.add_argument("--compare", action="store_true")
     args = parser.parse_args()
+    if args.compare and not args.native:
+        parser.error("--compare compares the native core with the Python one: with --native")
     if args.native and args.count_calls:
         parser.error("--count-calls wraps Python functions: not with --native")
     core: Core = "native" if args.native else "python"
@@ -79,11 +92,14 @@ def main() -> int:
         native_core.use(Path(native))
     python = "compiled (mypyc)" if compiled_core.running_compiled() else "interpreted"
     name = f"native (Rust), Python {python}" if args.native else python
-    print(f"core: {name}" + ("; busy clusters" if args.busy else ""))
+    print(f"core: {name}" + ("; busy clusters" if args.busy else "")
+          + (f"; gpu_packing {args.gpu_packing}" if args.gpu_packing != "kai" else ""))
     counts: collections.Counter[str] = collections.Counter()
     if args.count_calls:
         _count(counts)
-    config = SchedulerConfig(actions=()) if args.no_actions else SchedulerConfig()
+    config = SchedulerConfig(gpu_packing=args.gpu_packing)
+    if args.no_actions:
+        config = dataclasses.replace(config, actions=())
     print(f"{'nodes':>6} {'pods':>7} {'pending':>8} {'median s':>9} {'min s':>7} {'cpu s':>7}  "
           "per action (median wall s)")
     for size in args.sizes:
@@ -106,11 +122,23 @@ def main() -> int:
         print(f"{size:>6} {pods:>7} {pending:>8} {statistics.median(times):>9.3f} "
               f"{min(times):>7.3f} {statistics.median(cpu):>7.3f}  {detail}; binds {bound}, "
               f"evictions {len(result.evictions)}")
+        if args.compare:
+            python_result = schedule(snap, config, now=0.0, core="python")
+            differ = _differing(result, python_result)
+            print("        Python core: " + (f"DIFFERENT {', '.join(differ)}" if differ else
+                                             "the same decisions (every field)"))
         if args.count_calls:
             print("        calls per cycle: " + ", ".join(
                 f"{k} {v // args.repeat}" for k, v in sorted(counts.items())))
             counts.clear()
     return 0
+
+
+def _differing(a: CycleResult, b: CycleResult) -> list[str]:
+    """The fields of two cycle results that differ, in value or written form (timings aside)."""
+    return [f.name for f in dataclasses.fields(a) if f.name != "action_seconds"
+            and (getattr(a, f.name) != getattr(b, f.name)
+                 or repr(getattr(a, f.name)) != repr(getattr(b, f.name)))]
 
 
 def _count(counts: collections.Counter[str]) -> None:

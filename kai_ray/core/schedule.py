@@ -5,8 +5,8 @@ state, then turn the final state into decisions and explanations.
 
 Two implementations take the same decisions: this Python core, the reference, and the Rust
 port in `native/` (module `kai_ray_native`), five times as fast as this one compiled.
-`core="auto"` (the default) runs the Rust core when it is importable and takes the input (it
-leaves the packing policies other than KAI's to this one), else this one; tests compare the
+`core="auto"` (the default) runs the Rust core when it is importable and takes the input
+(every packing policy included), else this one; tests compare the
 two decision by decision (tests/core/test_native_core.py).
 """
 

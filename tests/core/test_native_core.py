@@ -5,8 +5,10 @@ stamps) is compared, on the synthetic benchmark clusters, on every conformance c
 round, and on random clusters (hypothesis) that use what the benchmark does not: subgroups
 (some of minimum 0) and replicas, minimums raised on running gangs, taints, selectors and
 affinity, gpu-memory and multi-device fractions, releasing and gated pods, queue trees with
-limits and missing queues, min runtimes, stale gangs, every placement option. The first run
-builds the module (cargo; cached per version of its sources)."""
+limits and missing queues, min runtimes, stale gangs, every placement option. Each packing
+policy (`gpu_packing`) is compared the same way: on the benchmark clusters, every conformance
+case, and random clusters of several GPU models with pods pinned to them. The first run builds
+the module (cargo; cached per version of its sources)."""
 
 from __future__ import annotations
 
@@ -34,6 +36,7 @@ from kai_ray.core.model import (
     Snapshot,
     SubGroup,
 )
+from kai_ray.core.packing import POLICIES
 from kai_ray.core.result import CycleResult
 from kai_ray.core.schedule import schedule
 from kai_ray.sim import runner
@@ -42,6 +45,8 @@ from kai_ray.sim.synthetic import busy_cluster, cluster
 from kai_ray.testing import native_core
 
 SCENARIOS = Path(__file__).resolve().parent.parent / "scenarios"
+# every gpu_packing policy but KAI's own (the default, compared everywhere)
+PACKING = tuple(p for p in POLICIES if p != "kai")
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -79,6 +84,16 @@ def test_synthetic_cycles_take_the_same_decisions(kind: str, size: int, seed: in
     assert result.evictions and result.binds  # the solver ran
 
 
+@pytest.mark.parametrize("policy", PACKING)
+@pytest.mark.parametrize(("kind", "size", "seed"),
+                         [("issue", 60, 1), ("issue", 150, 2), ("busy", 150, 1)])
+def test_synthetic_cycles_take_the_same_decisions_under_each_packing_policy(
+        kind: str, size: int, seed: int, policy: str) -> None:
+    snapshot = (busy_cluster if kind == "busy" else cluster)(size, seed=seed)
+    result = both(snapshot, SchedulerConfig(gpu_packing=policy), 0.0)
+    assert result.evictions and result.binds
+
+
 def _cases() -> list[object]:
     return [pytest.param(s, id=s.id) for path in sorted(SCENARIOS.glob("*.yaml"))
             for s in load(path) if s.run != "fairshare_only"]
@@ -101,14 +116,42 @@ def test_conformance_cases_same_decisions_every_round(scenario) -> None:  # type
     assert runner.check(scenario, native) == []
 
 
+@pytest.mark.parametrize("policy", PACKING)
+@pytest.mark.parametrize("scenario", _cases())
+def test_conformance_cases_same_decisions_under_each_packing_policy(
+        scenario, policy: str, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """The cases' expectations are KAI's: only the two cores are compared here."""
+    config_of = runner.config_of
+    monkeypatch.setattr(runner, "config_of",
+                        lambda s: dataclasses.replace(config_of(s), gpu_packing=policy))
+    outcomes = {}
+    for core in ("python", "native"):
+        before = core_schedule.set_default_core(core)
+        try:
+            outcomes[core] = runner.run(scenario)
+        finally:
+            core_schedule.set_default_core(before)
+    native, python = outcomes["native"], outcomes["python"]
+    assert len(native.rounds) == len(python.rounds)
+    for a, b in zip(native.rounds, python.rounds, strict=True):
+        assert_same(a, b)
+    assert native.history == python.history
+
+
 def test_native_refuses_what_it_does_not_take() -> None:
     snapshot = cluster(10)
-    with pytest.raises(ValueError, match='gpu_packing "lookahead"'):
-        schedule(snapshot, SchedulerConfig(gpu_packing="lookahead"), 0.0, core="native")
-    # "auto" hands it to the Python core instead
-    auto = schedule(snapshot, SchedulerConfig(gpu_packing="lookahead"), 0.0)
-    assert_same(auto, schedule(snapshot, SchedulerConfig(gpu_packing="lookahead"), 0.0,
-                               core="python"))
+    with pytest.raises(ValueError, match='gpu_packing "nonsense"'):
+        schedule(snapshot, SchedulerConfig(gpu_packing="nonsense"), 0.0, core="native")
+    # "auto" hands it to the Python core instead, which names the policies it knows
+    with pytest.raises(ValueError, match="unknown placement policy 'nonsense'"):
+        schedule(snapshot, SchedulerConfig(gpu_packing="nonsense"), 0.0)
+    # a fraction of more than one device: packing.PodRequest refuses it, so the Rust core
+    # leaves the snapshot to the Python core under a packing policy (and takes it under KAI's)
+    big = Job("big", "team-0", 50, (Pod("big-0", Request(cpu_m=100, gpu_fraction_milli=1500)),))
+    odd = dataclasses.replace(snapshot, jobs=(*snapshot.jobs, big))
+    with pytest.raises(ValueError, match='pod "big-0": a request the packing policies refuse'):
+        schedule(odd, SchedulerConfig(gpu_packing="fgd"), 0.0, core="native")
+    schedule(odd, SchedulerConfig(), 0.0, core="native")
     twice = dataclasses.replace(snapshot, jobs=snapshot.jobs + snapshot.jobs[-1:])
     with pytest.raises(ValueError, match="two jobs are named"):
         schedule(twice, SchedulerConfig(), 0.0, core="native")
@@ -395,7 +438,8 @@ def configs(draw):  # type: ignore[no-untyped-def]
         allow_consolidating_reclaim=draw(st.booleans()),
         reclaimer_saturation_multiplier=draw(st.sampled_from([1.0, 1.5])),
         default_preempt_min_runtime_s=draw(st.sampled_from([0.0, 0.0, 5.0])),
-        default_reclaim_min_runtime_s=draw(st.sampled_from([0.0, 5.0])))
+        default_reclaim_min_runtime_s=draw(st.sampled_from([0.0, 5.0])),
+        gpu_packing=draw(st.sampled_from(["kai", "kai", "kai", *PACKING])))
 
 
 def _disturb(snapshot: Snapshot, draw_index: int) -> Snapshot:
@@ -503,7 +547,8 @@ def contended(draw):  # type: ignore[no-untyped-def]
                  draw(st.sampled_from([50, 75, 100, 125])), 100.0 + i)
              for i in range(draw(st.integers(2, 6)))]
     config = SchedulerConfig(gpu_device_order=draw(st.sampled_from([None, "gpuspread"])),
-                             allow_consolidating_reclaim=draw(st.booleans()))
+                             allow_consolidating_reclaim=draw(st.booleans()),
+                             gpu_packing=draw(st.sampled_from(["kai", "kai", *PACKING])))
     return Snapshot(nodes, queues, tuple(first)), later, config
 
 
@@ -513,6 +558,116 @@ def test_contended_clusters_take_the_same_decisions(case, disturb) -> None:  # t
     snapshot, later, config = case
     result = both(snapshot, config, 0.0)
     snapshot = _disturb(runner.advance(snapshot, result), disturb)
+    snapshot = dataclasses.replace(snapshot, jobs=snapshot.jobs + tuple(later))
+    for now in (1.0, 2.0, 63.0):
+        result = both(snapshot, config, now)
+        snapshot = runner.advance(snapshot, result)
+
+
+# ------------------------------------------------------------------ packing policies
+
+PRODUCT = "nvidia.com/gpu.product"
+PRODUCTS = ("A100", "H100", "L4")
+
+
+@st.composite
+def model_nodes(draw):  # type: ignore[no-untyped-def]
+    """Nodes of up to three GPU models (and some without the product label, or without GPUs),
+    sized so that devices fill up, share and fragment."""
+    out = []
+    for i in range(draw(st.integers(1, 6))):
+        gpus = draw(st.sampled_from([0, 1, 2, 4, 8, 8]))
+        labels = [("zone", draw(st.sampled_from(ZONES)))]
+        product = draw(st.sampled_from([*PRODUCTS, None]))
+        if product is not None:
+            labels.append((PRODUCT, product))
+        rare = draw(st.integers(0, 11))
+        out.append(Node(
+            name=f"n{i}", cpu_m=draw(st.sampled_from([8000, 16000, 64000])),
+            memory=draw(st.sampled_from([16, 64, 256])) * 10**9, gpus=gpus,
+            gpu_memory_mib=draw(st.sampled_from([16000, 40000, 81920])),
+            max_pods=draw(st.sampled_from([5, 110, 110])), labels=tuple(labels),
+            ready=rare != 1, unschedulable=rare == 2,
+            foreign_gpus=1 if rare == 3 and gpus else 0,
+            foreign_cpu_m=2000 if rare == 4 else 0))
+    return tuple(out)
+
+
+def _pin(draw) -> dict[str, object]:  # type: ignore[no-untyped-def]
+    """A pod's GPU model pin (what packing_policy._pinned_products reads), or none."""
+    pick = draw(st.integers(0, 7))
+    product = draw(st.sampled_from([*PRODUCTS, "V100"]))  # V100: a model no node has
+    if pick == 0:
+        return {"node_selector": ((PRODUCT, product),)}
+    if pick == 1:
+        other = draw(st.sampled_from(PRODUCTS))
+        return {"node_affinity": (
+            (Requirement(PRODUCT, "In", (product, other)),),
+            (Requirement("zone", "In", ("a",)), Requirement(PRODUCT, "In", (other,))))}
+    if pick == 2:  # a term without the product: not pinned
+        return {"node_affinity": ((Requirement(PRODUCT, "In", (product,)),),
+                                  (Requirement("zone", "Exists"),))}
+    if pick == 3:
+        return {"node_selector": (("zone", draw(st.sampled_from(ZONES))),)}
+    return {}
+
+
+@st.composite
+def packing_requests(draw):  # type: ignore[no-untyped-def]
+    kind = draw(st.sampled_from(["fraction", "fraction", "fraction", "whole", "whole", "memory",
+                                 "multi", "cpu"]))
+    cpu = draw(st.sampled_from([0, 500, 2000, 8000]))
+    mem = draw(st.sampled_from([0, 10**9, 8 * 10**9]))
+    if kind == "fraction":
+        return Request(cpu_m=cpu, memory=mem,
+                       gpu_fraction_milli=draw(st.sampled_from([100, 250, 300, 500, 700, 900])))
+    if kind == "whole":
+        return Request(cpu_m=cpu, memory=mem, gpus=draw(st.sampled_from([1, 1, 2, 4, 8])))
+    if kind == "memory":
+        return Request(cpu_m=cpu, memory=mem, gpu_memory_mib=draw(st.sampled_from([4000, 20000])))
+    if kind == "multi":
+        return Request(cpu_m=cpu, memory=mem, gpu_fraction_milli=500,
+                       fraction_devices=draw(st.sampled_from([2, 3])))
+    return Request(cpu_m=max(cpu, 100), memory=mem)
+
+
+@st.composite
+def packing_jobs(draw, prefix: str, leaves: list[str], t0: float):  # type: ignore[no-untyped-def]
+    jobs = []
+    for j in range(draw(st.integers(2, 12))):
+        name = f"{prefix}{j}"
+        req = draw(packing_requests())
+        pin = _pin(draw)
+        size = draw(st.integers(1, 4))
+        pods = tuple(Pod(f"{name}-{k}", req, created=t0 + j, **pin)  # type: ignore[arg-type]
+                     for k in range(size))
+        jobs.append(Job(name=name, queue=draw(st.sampled_from(leaves)),
+                        priority=draw(st.sampled_from([50, 50, 75, 100] if t0 else [50])),
+                        pods=pods, min_member=draw(st.integers(1, size)), created=t0 + j))
+    return jobs
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_packing_policies_take_the_same_decisions(data) -> None:  # type: ignore[no-untyped-def]
+    """Each packing policy in both cores on random clusters of several GPU models: fractions
+    that share and fragment devices, whole GPUs, gpu-memory and multi-device fractions (KAI's
+    rules), pods pinned to models (the typical shapes and lookahead's arrival weights), then
+    higher-priority arrivals that preempt and pipeline onto releasing devices."""
+    nodes = data.draw(model_nodes())
+    leaves = ["q0", "q1"]
+    quota = data.draw(st.sampled_from([2.0, 8.0]))
+    queues = (Queue("root", gpu=OPEN, cpu=OPEN, memory=OPEN),
+              *(Queue(q, parent="root", gpu=ResourceQuota(quota, -1, 1), cpu=OPEN,
+                      memory=OPEN, created=float(i)) for i, q in enumerate(leaves)))
+    config = SchedulerConfig(
+        gpu_packing=data.draw(st.sampled_from(PACKING)),
+        placement=NodePlacement(gpu=data.draw(st.sampled_from(["binpack", "binpack", "spread"]))),
+        gpu_device_order=data.draw(st.sampled_from([None, "gpuspread"])))
+    snapshot = Snapshot(nodes, queues, tuple(data.draw(packing_jobs("a", leaves, 0.0))))
+    result = both(snapshot, config, 0.0)
+    snapshot = _disturb(runner.advance(snapshot, result), data.draw(st.integers(0, 7)))
+    later = data.draw(packing_jobs("b", leaves, 100.0))
     snapshot = dataclasses.replace(snapshot, jobs=snapshot.jobs + tuple(later))
     for now in (1.0, 2.0, 63.0):
         result = both(snapshot, config, now)

@@ -10,6 +10,7 @@ pub mod constraints;
 pub mod fairshare;
 pub mod model;
 pub mod ordering;
+pub mod packing;
 pub mod placement;
 pub mod pyfmt;
 pub mod queuetree;

@@ -201,12 +201,38 @@ pub struct Job {
     pub admitted_min_member: Option<i64>,
 }
 
+/// `SchedulerConfig.gpu_packing`: KAI's binpack and gpupack scores, or a packing policy of
+/// kai_ray/core/packing.py for GPU pods (packing.rs).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GpuPacking {
+    Kai,
+    BestFit,
+    Packing,
+    Fgd,
+    Lookahead,
+}
+
+impl GpuPacking {
+    /// The policy of a `gpu_packing` value (packing.POLICIES), None for an unknown one.
+    pub fn from_name(name: &str) -> Option<GpuPacking> {
+        match name {
+            "kai" => Some(GpuPacking::Kai),
+            "best_fit" => Some(GpuPacking::BestFit),
+            "packing" => Some(GpuPacking::Packing),
+            "fgd" => Some(GpuPacking::Fgd),
+            "lookahead" => Some(GpuPacking::Lookahead),
+            _ => None,
+        }
+    }
+}
+
 #[derive(Clone, Debug)]
 pub struct SchedulerConfig {
     pub gpu_spread: bool,
     pub cpu_spread: bool,
     /// "gpupack" | "gpuspread" | None (gpupack with gpu binpack, gpuspread with spread)
     pub gpu_device_order: Option<String>,
+    pub gpu_packing: GpuPacking,
     pub actions: Vec<String>,
     pub staleness_grace_period_s: f64,
     pub max_consolidation_preemptees: i64,
@@ -223,6 +249,7 @@ impl Default for SchedulerConfig {
             gpu_spread: false,
             cpu_spread: false,
             gpu_device_order: None,
+            gpu_packing: GpuPacking::Kai,
             actions: ["allocate", "consolidation", "reclaim", "preempt", "stalegangeviction"]
                 .iter()
                 .map(|s| s.to_string())

@@ -4,6 +4,8 @@
 //! over every node decides otherwise.
 
 use crate::constraints::{affinity_matches, untolerated, Taint};
+use crate::model::GpuPacking;
+use crate::packing;
 use crate::state::{NodeMasks, Session, MILLI};
 
 pub const R_GPU: &str = "didn't have enough resources: GPUs";
@@ -210,6 +212,155 @@ pub fn feasible(sess: &mut Session, task: usize, explain: bool) -> (Vec<bool>, V
     (ok, fits_idle, reasons)
 }
 
+/// `feasible` on one node, predicate for predicate: (fits with releasing, fits on idle).
+/// (`fits_node`, the fast paths' test, also wants idle CPU and memory for a request of none.)
+fn feasible_at(sess: &mut Session, task: usize, n: usize) -> (bool, bool) {
+    if !sess.schedulable[n] {
+        return (false, false);
+    }
+    let constraints = sess.tasks[task].constraints;
+    if constraints != 0 || sess.any_taints {
+        let m = masks(sess, constraints);
+        if m.per_taint.iter().any(|(mask, _)| !mask[n]) {
+            return (false, false);
+        }
+        if m.selector.as_ref().is_some_and(|sel| !sel[n]) {
+            return (false, false);
+        }
+    }
+    let req = sess.tasks[task].req;
+    let mut idle = true;
+    if req.cpu_m != 0 {
+        if sess.cap_cpu[n] - sess.used_cpu[n] + sess.rel_cpu[n] < req.cpu_m {
+            return (false, false);
+        }
+        idle = idle && sess.cap_cpu[n] - sess.used_cpu[n] >= req.cpu_m;
+    }
+    if req.memory != 0 {
+        if sess.cap_mem[n] - sess.used_mem[n] + sess.rel_mem[n] < req.memory {
+            return (false, false);
+        }
+        idle = idle && sess.cap_mem[n] - sess.used_mem[n] >= req.memory;
+    }
+    if req.gpus != 0 {
+        if sess.cap_gpu[n] - sess.used_gpu[n] + sess.rel_gpu[n] < req.gpus {
+            return (false, false);
+        }
+        idle = idle && sess.cap_gpu[n] - sess.used_gpu[n] >= req.gpus;
+    }
+    if sess.used_pods[n] >= sess.max_pods[n] {
+        return (false, false);
+    }
+    if req.is_shared() {
+        if req.gpu_memory_mib != 0
+            && !(sess.gpu_mem_synced[n] && sess.gpu_mem[n] >= req.gpu_memory_mib)
+        {
+            return (false, false);
+        }
+        let cost = cost_at(sess, &req, n);
+        let (mut fit, mut idle_groups) = (0, 0);
+        for g in &sess.groups[n] {
+            if g.releasing < g.used {
+                if MILLI - g.used + g.releasing - cost >= 0 {
+                    fit += 1;
+                }
+                if MILLI - g.used - cost >= 0 {
+                    idle_groups += 1;
+                }
+            }
+        }
+        let (idle_whole, rel_whole) = if sess.used_pods[n] + 2 <= sess.max_pods[n] {
+            (sess.cap_gpu[n] - sess.used_gpu[n], sess.rel_gpu[n])
+        } else {
+            (0, 0)
+        };
+        if fit + idle_whole + rel_whole < req.fraction_devices {
+            return (false, false);
+        }
+        idle = idle && idle_groups + idle_whole >= req.fraction_devices;
+    }
+    (true, idle)
+}
+
+/// The nodes a GPU task may fit on (releasing resources counted), from the room index, in
+/// node order: with that many free whole GPUs; for a shared request, with a live device with
+/// room for it (any room for gpu-memory, whose cost depends on the node) or a free whole GPU.
+fn room_candidates(sess: &Session, req: &crate::model::Request) -> Vec<i32> {
+    let mut out: Vec<i32> = Vec::new();
+    if req.gpus != 0 {
+        for nodes in sess.by_free.range(req.gpus..).map(|(_, v)| v) {
+            out.extend_from_slice(nodes);
+        }
+    } else {
+        let least = if req.gpu_fraction_milli != 0 { req.gpu_fraction_milli } else { 1 };
+        for nodes in sess.by_room.range(least..).map(|(_, v)| v) {
+            out.extend(nodes.iter().copied());
+        }
+        for nodes in sess.by_free.range(1..).map(|(_, v)| v) {
+            out.extend_from_slice(nodes);
+        }
+    }
+    out.sort_unstable();
+    out.dedup();
+    out
+}
+
+/// The pass over every node (`feasible`, then `scores` and the first best) for a GPU task,
+/// over `nodes` (in node order) that hold every node it fits on.
+fn kai_among(
+    sess: &mut Session,
+    task: usize,
+    nodes: &[i32],
+    explain: bool,
+) -> (Option<Choice>, Reasons) {
+    let mut fitting: Vec<(i32, bool)> = Vec::new();
+    for &node in nodes {
+        let (fits, idle) = feasible_at(sess, task, node as usize);
+        if fits {
+            fitting.push((node, idle));
+        }
+    }
+    if fitting.is_empty() {
+        let reasons = if explain { feasible(sess, task, true).2 } else { Vec::new() };
+        return (None, reasons);
+    }
+    if fitting.len() == 1 {
+        let (node, idle) = fitting[0];
+        return (Some(place_on(sess, task, node, idle)), Vec::new());
+    }
+    let req = sess.tasks[task].req;
+    let spread = sess.config.gpu_spread;
+    let (mut lo, mut hi) = (0i64, 0i64);
+    if !spread && !sess.free_counts.is_empty() {
+        lo = *sess.free_counts.keys().next().expect("min");
+        hi = *sess.free_counts.keys().next_back().expect("max");
+    }
+    let bonus = !spread && req.gpus == 0;
+    let mut best: Option<(f64, i32, bool)> = None;
+    for &(node, idle) in &fitting {
+        let n = node as usize;
+        let (free, total) = (sess.free_gpu_at(n) as f64, sess.cap_gpu[n] as f64);
+        let base = if total <= 0.0 {
+            0.0
+        } else if spread {
+            free / total
+        } else if hi == lo {
+            9.0
+        } else {
+            9.0 * (1.0 - (free - lo as f64) / (hi as f64 - lo as f64))
+        };
+        let mut score = base + if idle { 100.0 } else { 0.0 };
+        if bonus {
+            score += 1000.0 * if partly_fits(sess, &req, n) { 1.0 } else { 0.0 };
+        }
+        if best.is_none_or(|(s, _, _)| score > s) {
+            best = Some((score, node, idle));
+        }
+    }
+    let (_, node, idle) = best.expect("a fitting node");
+    (Some(place_on(sess, task, node, idle)), Vec::new())
+}
+
 /// (fits, fits on idle) on one node, without touching the others.
 pub fn fits_node(sess: &mut Session, task: usize, node: i32) -> (bool, bool) {
     let n = node as usize;
@@ -275,6 +426,9 @@ pub fn sharing_bonus_on(sess: &Session, task: usize, node: i32) -> bool {
 
 /// Whether the binpack fast path applies (common.rs).
 pub fn sticky_allowed(sess: &Session, task: usize) -> bool {
+    if sess.tasks[task].req.wants_gpu() && sess.config.gpu_packing != GpuPacking::Kai {
+        return false; // a packing policy scores more than free amounts
+    }
     let spread = if sess.tasks[task].req.wants_gpu() {
         sess.config.gpu_spread
     } else {
@@ -408,6 +562,16 @@ pub fn choose_devices(sess: &mut Session, task: usize, node: i32) -> (Vec<u32>, 
 /// `explain`). A virtually evicted victim is placed like any task.
 pub fn choose(sess: &mut Session, task: usize, explain: bool) -> (Option<Choice>, Reasons) {
     let req = sess.tasks[task].req;
+    if sess.config.gpu_packing != GpuPacking::Kai && req.wants_gpu() {
+        // The Python takes no shortcut here: the pass over every node, then the policy among
+        // the nodes the task fits on idle resources, else KAI's scores over that pass. Both
+        // are found among the nodes the GPU room index lists (no other node fits).
+        if let Some(choice) = packing::choose(sess, task) {
+            return (Some(choice), Vec::new());
+        }
+        let nodes = room_candidates(sess, &req);
+        return kai_among(sess, task, &nodes, explain);
+    }
     if req.gpus != 0 {
         let (few, order) = whole_candidates(sess, req.gpus);
         if few {

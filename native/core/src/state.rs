@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::model::{
-    Constraints, PodStatus, Request, SchedulerConfig, Snapshot, MIN_NODE_GPU_MEMORY_MIB,
+    Constraints, GpuPacking, PodStatus, Request, SchedulerConfig, Snapshot, MIN_NODE_GPU_MEMORY_MIB,
 };
 use crate::queuetree::excluded_queues;
 
@@ -307,6 +307,17 @@ pub struct Session {
     /// each job's victim unit as of its last change (actions/victims.rs), kept for the session
     pub victim_units: FxHashMap<usize, (u64, Option<usize>)>,
     pub units: Vec<crate::actions::victims::VictimUnit>,
+    /// bumped on every change to a node's usage (and its undo): the packing policies keep a
+    /// node's score until it changes
+    pub node_ver: Vec<u64>,
+    /// device slots per node as the packing policies see them (`packing::slot_free`), kept by
+    /// `refresh_gpu` under `lookahead` (its arrival weights follow each model's slots), and
+    /// the nodes whose count changed, in turn
+    pub dev_width: usize,
+    pub dev_slots: Vec<i64>,
+    pub slots_log: Vec<u32>,
+    /// what the packing policies derive once per session (typical shapes, scores)
+    pub packing: Option<Box<crate::packing::Memo>>,
 }
 
 fn add3(amounts: &mut Amounts, cpu: f64, memory: f64, gpu: f64) {
@@ -442,7 +453,16 @@ impl Session {
             order_ranks: None,
             victim_units: FxHashMap::default(),
             units: Vec::new(),
+            node_ver: vec![0; count],
+            dev_width: 1,
+            dev_slots: vec![0; count],
+            slots_log: Vec::new(),
+            packing: None,
         };
+        sess.dev_width = sess.cap_gpu.iter().copied().max().unwrap_or(1).max(1) as usize;
+        for n in 0..count {
+            sess.dev_slots[n] = crate::packing::slot_count(&sess, n);
+        }
         sess.build_queues(snap_queues);
         // one pass over the pods builds the tasks and loads what they use
         let mut load = Load::default();
@@ -957,6 +977,14 @@ impl Session {
         self.used_gpu[n] = self.whole_used[n] + groups.len() as i64;
         self.rel_gpu[n] = self.whole_rel[n]
             + groups.iter().filter(|g| g.used > 0 && g.used == g.releasing).count() as i64;
+        self.node_ver[n] += 1;
+        if self.config.gpu_packing == GpuPacking::Lookahead {
+            let slots = crate::packing::slot_count(self, n);
+            if slots != self.dev_slots[n] {
+                self.dev_slots[n] = slots;
+                self.slots_log.push(n as u32);
+            }
+        }
         if self.indexed {
             self.reindex_gpu_room(node, devices);
         }
@@ -976,6 +1004,7 @@ impl Session {
     fn hold_gpus(&mut self, task: usize, node: i32, groups: Vec<u32>) {
         let req = self.tasks[task].req;
         let n = node as usize;
+        self.node_ver[n] += 1;
         if req.gpus != 0 {
             self.whole_used[n] += req.gpus;
         } else if req.is_shared() {
@@ -1005,6 +1034,9 @@ impl Session {
     fn remove_resources(&mut self, task: usize) {
         let (node, req) = (self.tasks[task].node, self.tasks[task].req);
         let n = node as usize;
+        if node >= 0 {
+            self.node_ver[n] += 1;
+        }
         self.add_usage(node, -req.cpu_m, -req.memory, -1);
         if req.gpus != 0 {
             self.whole_used[n] -= req.gpus;
@@ -1035,6 +1067,7 @@ impl Session {
             return;
         }
         let n = node as usize;
+        self.node_ver[n] += 1;
         self.used_cpu[n] += cpu;
         self.used_mem[n] += memory;
         self.used_pods[n] += pods;
@@ -1046,6 +1079,7 @@ impl Session {
             return; // a pod on a node the snapshot does not have: nothing of ours to release
         }
         let n = node as usize;
+        self.node_ver[n] += 1;
         self.rel_cpu[n] += sign * req.cpu_m;
         self.rel_mem[n] += sign * req.memory;
         if req.gpus != 0 {

@@ -3,9 +3,9 @@
 //! runs `kai_ray_core::schedule`, and builds the `CycleResult` with the classes the caller
 //! passes in (kai_ray/core/result.py), reusing the snapshot's own name objects.
 //!
-//! `schedule` returns a string saying why for what the native core does not take (a packing
-//! policy other than KAI's, duplicate job names, a value of an unexpected type): the Python
-//! core runs then.
+//! `schedule` returns a string saying why for what the native core does not take (an unknown
+//! packing policy, duplicate job names, a value of an unexpected type): the Python core runs
+//! then.
 
 use pyo3::exceptions::PyValueError;
 use pyo3::intern;
@@ -15,9 +15,10 @@ use rustc_hash::FxHashMap;
 
 use kai_ray_core::constraints::{Requirement, Taint, Toleration};
 use kai_ray_core::model::{
-    Constraints, Job, Node, Pod, PodStatus, Queue, Request, ResourceQuota, SchedulerConfig,
-    Snapshot, SubGroup,
+    Constraints, GpuPacking, Job, Node, Pod, PodStatus, Queue, Request, ResourceQuota,
+    SchedulerConfig, Snapshot, SubGroup,
 };
+use kai_ray_core::packing::request_valid;
 
 // the session makes and drops hundreds of thousands of small vectors and strings a cycle
 #[global_allocator]
@@ -374,10 +375,9 @@ fn read_jobs(snapshot: &Bound<'_, PyAny>, out: &mut Snapshot) -> Conv<Names> {
 fn read_config(config: &Bound<'_, PyAny>) -> Conv<SchedulerConfig> {
     let py = config.py();
     let packing = string(config, intern!(py, "gpu_packing"))?;
-    if packing != "kai" {
-        // the packing policies live in the Python core only
-        return Err(Unsupported(format!("gpu_packing {packing:?} (only \"kai\")")));
-    }
+    // an unknown policy: the Python core says which are known
+    let gpu_packing = GpuPacking::from_name(&packing)
+        .ok_or_else(|| Unsupported(format!("gpu_packing {packing:?}")))?;
     let placement = attr(config, intern!(py, "placement"))?;
     let spread = |name: &Bound<'_, PyString>| -> Conv<bool> {
         let value = string(&placement, name)?;
@@ -391,6 +391,7 @@ fn read_config(config: &Bound<'_, PyAny>) -> Conv<SchedulerConfig> {
         gpu_spread: spread(intern!(py, "gpu"))?,
         cpu_spread: spread(intern!(py, "cpu"))?,
         gpu_device_order: opt_string(config, intern!(py, "gpu_device_order"))?,
+        gpu_packing,
         actions,
         staleness_grace_period_s: float(config, intern!(py, "staleness_grace_period_s"))?,
         max_consolidation_preemptees: int(config, intern!(py, "max_consolidation_preemptees"))?,
@@ -459,6 +460,16 @@ fn schedule<'py>(
         let (queues, queue_objects) = read_queues(snapshot)?;
         let mut snap = Snapshot { nodes: read_nodes(snapshot)?, queues, ..Snapshot::default() };
         let names = read_jobs(snapshot, &mut snap)?;
+        if core_config.gpu_packing != GpuPacking::Kai {
+            // a GPU request packing.PodRequest refuses (the Python raises when it meets one)
+            let odd = snap.jobs.iter().flat_map(|j| &j.pods).find(|p| !request_valid(&p.request));
+            if let Some(pod) = odd {
+                return Err(Unsupported(format!(
+                    "pod {:?}: a request the packing policies refuse",
+                    pod.name
+                )));
+            }
+        }
         Ok((core_config, snap, names, queue_objects))
     };
     let (core_config, snap, names, queue_objects) = match read() {
