@@ -30,7 +30,8 @@ def test_repeats_update_one_event_and_a_deleted_one_is_written_again(
     core = client.CoreV1Api(api)
     pod = core.create_namespaced_pod(namespace, {
         "metadata": {"name": "waits"},
-        "spec": {"schedulerName": "kai-scheduler",
+        # no scheduler serves it: only this test's recorder writes events on it
+        "spec": {"schedulerName": "nobody",
                  "containers": [{"name": "c", "image": "example.invalid/x:1"}]}})
     obj = api.sanitize_for_serialization(pod)
     clock = Clock()

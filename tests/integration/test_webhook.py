@@ -205,7 +205,10 @@ def _annotate(cluster: Cluster, namespace: str, pod: str, *pairs: str,
 def test_updates_cannot_forge_scheduler_annotations_or_break_a_fraction(
         webhook: WebhookHandle, cluster: Cluster, core: client.CoreV1Api,
         namespace: str) -> None:
-    core.create_namespaced_pod(namespace, _pod("edited", annotations={"gpu-fraction": "0.5"}))
+    # kept Pending (no node matches): a bound pod's fraction may no longer change at all
+    edited = _pod("edited", annotations={"gpu-fraction": "0.5"})
+    edited["spec"]["nodeSelector"] = {"kai-ray.io/no-such-pool": "none"}
+    core.create_namespaced_pod(namespace, edited)
 
     out = _annotate(cluster, namespace, "edited", "gpu-fraction=1.5")
     assert out.returncode != 0
