@@ -1,17 +1,34 @@
-"""Pods bound per second, end to end, on the real local control plane with KWOK nodes:
-kai-ray (`kai-ray run`) against the stock kube-scheduler on the same plane and workload.
+"""Pods bound per second, end to end, on the real local control plane with KWOK nodes: kai-ray
+(`kai-ray run`) against the stock kube-scheduler and the peer gang schedulers, each on the same
+plane, workload and client rate limit.
 
     python benchmarks/bind_throughput.py --nodes 1000 --single 5000 --gangs 500 --gang-size 8
-    python benchmarks/bind_throughput.py --qps 50   # both schedulers at kube-scheduler's default
+    python benchmarks/bind_throughput.py --scheduler kai-scheduler volcano   # peers (built by
+                                                                            # tools/peers/build.sh)
+    python benchmarks/bind_throughput.py --scheduler all --qps 50
+
+Schedulers (kai_ray/testing/peers.py): kai (kai-ray), kube (kube-scheduler 1.34, no gangs: a
+gang's pods are placed one by one), kai-scheduler (NVIDIA KAI-Scheduler: scheduler, binder, pod
+grouper), volcano (vc-scheduler + vc-controller-manager's PodGroup and queue controllers),
+coscheduling (scheduler-plugins' kube-scheduler with Coscheduling + its PodGroup controller),
+yunikorn (k8shim; gangs as task groups, served by placeholder pods). `all` runs every one.
 
 Each run starts a fresh plane, creates the nodes, creates every pod (16 client threads) while no
-scheduler runs, then starts the scheduler: the clock starts there, so pod creation does not limit
-the rate. Reported: pods bound per second from the scheduler's start to the last pod bound
-(`e2e`, includes kai-ray's start-up: cache sync and PodGroup creation for the bare pods), and from
-the first bind to the last (`bind`). kai-ray's pods are in a queue
-and gangs are PodGroups (min = gang size); kube-scheduler gets the same pods one by one (it has
-no gangs). Both schedulers get the same client rate limit: `--kube-api-qps=QPS` and
-`--kube-api-burst=2*QPS` (kube-scheduler's default ratio, 50/100).
+scheduler runs, gangs the way the scheduler's users make them (PodGroup + pods with its labels
+and annotations), then starts the scheduler's processes: the clock starts there, so pod creation
+does not limit the rate. Reported: pods bound per second from the scheduler's start to the last
+pod bound (`e2e`, includes start-up: cache sync and PodGroup creation for bare pods), and from the
+first bind to the last (`bind`). Every process of a scheduler gets the same client rate limit:
+QPS and burst = 2*QPS (kube-scheduler's default ratio, 50/100), by each one's own flag or setting.
+
+API requests: `apiserver_request_total` from the API server's /metrics, read right before the
+scheduler starts and right after the last bind; the difference, by verb and resource, is divided
+by the pods bound. The metric has no label for the client, so this counts every client: the
+scheduler's processes, but also KWOK (a bound pod's status becomes Running: a PATCH of
+pods/status per pod), the controller manager and this benchmark's watch (one LIST, then WATCH
+requests every 5 s). `writes_per_pod` adds up create, update, patch and delete (the metric's
+POST, PUT, PATCH, DELETE); `writes_per_pod_without_heartbeats` leaves out leases and nodes, which
+KWOK's node heartbeats write at a steady rate, so that a slow run does not look write-heavy.
 """
 
 from __future__ import annotations
@@ -22,7 +39,6 @@ import os
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -32,24 +48,13 @@ from pathlib import Path
 from kubernetes import client
 
 from kai_ray.k8s.cache import Informer
-from kai_ray.testing import binaries
+from kai_ray.testing import apimetrics, procs
 from kai_ray.testing.nodes import create_gpu_nodes, wait_nodes_ready
+from kai_ray.testing.peers import PEERS, KaiRay, Peer, make
 from kai_ray.testing.plane import ControlPlane
-from kai_ray.testing.scheduler_process import KaiRayProcess
 
 NS = "bench"
-
-
-def _pod(name: str, scheduler: str, group: str | None, gpus: int) -> dict:
-    meta: dict = {"name": name, "labels": {"kai.scheduler/queue": "bench"}}
-    if group:
-        meta["annotations"] = {"pod-group-name": group}
-    resources: dict = {"requests": {"cpu": "100m", "memory": "128Mi"}}
-    if gpus:
-        resources["limits"] = {"nvidia.com/gpu": str(gpus)}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {
-        "schedulerName": scheduler,
-        "containers": [{"name": "c", "image": "example.invalid/x:1", "resources": resources}]}}
+ALL = list(PEERS)
 
 
 def _cpu_seconds(pid: int) -> float:
@@ -61,104 +66,167 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def _cpu_by_process(plane: ControlPlane, proc: KaiRayProcess | None) -> dict[str, float]:
+def _cpu_by_process(plane: ControlPlane, peer: Peer) -> dict[str, float]:
     pids = {name: c.pid for name, c in plane.components.items()}
-    if proc is not None and proc.proc is not None:
-        pids["kai-ray"] = proc.proc.pid
+    pids.update(peer.pids(plane))
     out = {name: _cpu_seconds(pid) for name, pid in pids.items()}
     out["benchmark"] = sum(os.times()[:2])
     return out
 
 
-def run(scheduler: str, args: argparse.Namespace) -> dict:
+def start_plane(nodes: int) -> tuple[ControlPlane, client.ApiClient]:
+    """A fresh plane with `nodes` KWOK nodes (8 GPUs each) and the benchmark's namespace."""
     plane = ControlPlane()
     plane.start()
-    proc = None
-    spy: subprocess.Popen[bytes] | None = None
     try:
         api = plane.api_client()
-        core = client.CoreV1Api(api)
-        custom = client.CustomObjectsApi(api)
         t = time.monotonic()
         with ThreadPoolExecutor(16) as pool:  # 1,000 creates one by one take minutes
             names = list(pool.map(lambda i: create_gpu_nodes(api, 1, 8, start=i)[0],
-                                  range(args.nodes)))
+                                  range(nodes)))
         wait_nodes_ready(api, names, timeout=600)
-        print(f"  {args.nodes} nodes ready in {time.monotonic() - t:.1f}s", file=sys.stderr)
-        core.create_namespace({"metadata": {"name": NS}})
+        print(f"  {nodes} nodes ready in {time.monotonic() - t:.1f}s", file=sys.stderr)
+        client.CoreV1Api(api).create_namespace({"metadata": {"name": NS}})
         plane.wait_service_account(NS)
-        if scheduler == "kai":
-            open_ = {"quota": -1, "limit": -1, "overQuotaWeight": 1}
-            custom.create_cluster_custom_object("scheduling.run.ai", "v2", "queues", {
-                "apiVersion": "scheduling.run.ai/v2", "kind": "Queue",
-                "metadata": {"name": "bench"},
-                "spec": {"resources": {"gpu": open_, "cpu": open_, "memory": open_}}})
-        name = "kai-scheduler" if scheduler == "kai" else "default-scheduler"
-        pods = [(f"single-{i}", None) for i in range(args.single)]
-        for g in range(args.gangs):
-            group = f"gang-{g}" if scheduler == "kai" else None
-            if group:
-                custom.create_namespaced_custom_object(
-                    "scheduling.run.ai", "v2alpha2", NS, "podgroups",
-                    {"apiVersion": "scheduling.run.ai/v2alpha2", "kind": "PodGroup",
-                     "metadata": {"name": group},
-                     "spec": {"queue": "bench", "minMember": args.gang_size}})
-            pods += [(f"gang-{g}-{k}", group) for k in range(args.gang_size)]
-        total = len(pods)
-        t = time.monotonic()
-        with ThreadPoolExecutor(16) as pool:
-            list(pool.map(lambda p: core.create_namespaced_pod(
-                NS, _pod(p[0], name, p[1], args.gpus_per_pod)), pods))
-        created = time.monotonic() - t
-        print(f"  {total} pods created in {created:.1f}s (no scheduler yet)", file=sys.stderr)
-        rate = [f"--kube-api-qps={args.qps}", f"--kube-api-burst={args.qps * 2}"]
-        start = time.monotonic()
-        if scheduler == "kai":
-            proc = KaiRayProcess(plane.kubeconfig, Path(tempfile.mkdtemp()),
-                                 ["--leader-election", "off", *rate])
-            proc.start()
-            if args.profile:  # sampled stacks of kai-ray run, collapsed ("raw") format
-                assert proc.proc is not None
-                gil = ["--gil"] if args.profile_gil else []
-                spy = subprocess.Popen(["py-spy", "record", "-p", str(proc.proc.pid), "-r", "50",
-                                        "--threads", *gil, "--format", "raw", "-o", args.profile],
-                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except BaseException:
+        plane.stop()
+        raise
+    return plane, api
+
+
+def workload(peer: Peer, single: int, gangs: int, gang_size: int, gpus: int
+             ) -> tuple[list[tuple[str, int]], list[dict]]:
+    """The gangs' group objects (name, size) and every pod, built the peer's way."""
+    pods = [peer.pod(f"single-{i}", None, 1, gpus) for i in range(single)]
+    groups = []
+    for g in range(gangs):
+        name = f"gang-{g}"
+        if peer.gangs:
+            groups.append((name, gang_size))
+            pods += [peer.pod(f"{name}-{k}", name, gang_size, gpus) for k in range(gang_size)]
         else:
-            bins = binaries.require("kube-scheduler")
-            plane.add_component("kube-scheduler", [
-                str(bins["kube-scheduler"]), f"--kubeconfig={plane.kubeconfig}",
-                "--leader-elect=false", "--secure-port=0", "--profiling=false", *rate])
-        cpu_start = _cpu_by_process(plane, proc)
-        loads: list[float] = []
-        cpu_end = cpu_start
-        deadline = start + args.timeout
-        # bind times from a watch (kai-ray's own informer: list once, then one event per pod
-        # change), not by re-listing every bound pod: lists would load the API server more the
-        # longer a run lasts. A pod already bound when the list arrives counts at that moment.
-        bound_at: dict[str, float] = {}
-        all_bound = threading.Event()
+            pods += [peer.pod(f"{name}-{k}", None, 1, gpus) for k in range(gang_size)]
+    return groups, pods
 
-        def on_change(kind: str, obj: dict, old: dict | None) -> None:
-            name = obj["metadata"]["name"]
-            if kind != "DELETED" and (obj.get("spec") or {}).get("nodeName") \
-                    and name not in bound_at:
-                bound_at[name] = time.monotonic()
-                if len(bound_at) >= total:
-                    all_bound.set()
 
-        pods_seen = Informer("bench-pods", partial(core.list_namespaced_pod, NS), on_change,
-                             watch_timeout=5)
-        pods_seen.start()
-        try:
-            while not all_bound.wait(1.0) and time.monotonic() < deadline:
+def create_all(api: client.ApiClient, peer: Peer, groups: list[tuple[str, int]],
+               pods: list[dict]) -> float:
+    """Create the groups, then the pods (16 threads); returns the seconds it took."""
+    core = client.CoreV1Api(api)
+    t = time.monotonic()
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda g: peer.create_group(api, NS, *g), groups))
+        list(pool.map(lambda p: core.create_namespaced_pod(NS, p), pods))
+    return time.monotonic() - t
+
+
+class BindWatch:
+    """Bind times of the named pods from a watch (an Informer: one list, then one event per
+    change), not by re-listing bound pods, which would load the API server more the longer a
+    run lasts. A pod already bound when the list arrives counts at that moment. Pods the
+    scheduler creates itself (YuniKorn's placeholders) are not among the names."""
+
+    def __init__(self, api: client.ApiClient, names: set[str]) -> None:
+        self.names = names
+        self.bound_at: dict[str, float] = {}
+        self.all_bound = threading.Event()
+        self.first = threading.Event()
+        self.informer = Informer("bench-pods", partial(client.CoreV1Api(api).list_namespaced_pod,
+                                                       NS), self._on_change, watch_timeout=5)
+
+    def _on_change(self, kind: str, obj: dict, old: dict | None) -> None:
+        name = obj["metadata"]["name"]
+        if kind != "DELETED" and name in self.names and name not in self.bound_at \
+                and (obj.get("spec") or {}).get("nodeName"):
+            self.bound_at[name] = time.monotonic()
+            self.first.set()
+            if len(self.bound_at) >= len(self.names):
+                self.all_bound.set()
+
+    def __enter__(self) -> BindWatch:
+        self.informer.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.informer.stop()
+
+
+def check_alive(plane: ControlPlane, peer: Peer) -> None:
+    """Fail fast when one of the scheduler's processes died (with the end of its log)."""
+    for name, comp in plane.components.items():
+        if name in peer.components and not comp.alive():
+            raise RuntimeError(f"{name} exited; end of {comp.log}:\n{procs.tail(comp.log)}")
+    if isinstance(peer, KaiRay) and peer.proc is not None and peer.proc.proc is not None \
+            and not peer.proc.alive():
+        raise RuntimeError(f"kai-ray exited:\n{peer.proc.log_tail()}")
+
+
+#: what KWOK's node heartbeats write (Lease renewals, node status): no scheduler writes these,
+#: and their number grows with the run's length, not with the pods
+HEARTBEATS = ("leases", "nodes")
+
+
+def requests_per_pod(diff: dict[apimetrics.Key, int], bound: int) -> dict[str, float]:
+    """'VERB resource[/subresource]' -> requests per bound pod, largest first (under 0.001
+    left out)."""
+    out = {f"{verb} {res}{'/' + sub if sub else ''}": n / bound
+           for (verb, res, sub), n in diff.items()}
+    return {k: round(v, 3) for k, v in sorted(out.items(), key=lambda kv: -kv[1])
+            if round(v, 3)}
+
+
+def writes_per_pod(diff: dict[apimetrics.Key, int], bound: int) -> dict[str, float | None]:
+    """All writes per bound pod, and those without KWOK's node heartbeats."""
+    if not bound:
+        return {"writes_per_pod": None, "writes_per_pod_without_heartbeats": None}
+    pods_only = {k: n for k, n in diff.items() if k[1] not in HEARTBEATS}
+    return {"writes_per_pod": round(apimetrics.writes(diff) / bound, 3),
+            "writes_per_pod_without_heartbeats": round(apimetrics.writes(pods_only) / bound, 3)}
+
+
+def run(key: str, args: argparse.Namespace) -> dict:
+    peer = make(key)
+    plane, api = start_plane(args.nodes)
+    spy: subprocess.Popen[bytes] | None = None
+    try:
+        peer.install(plane, NS)
+        groups, pods = workload(peer, args.single, args.gangs, args.gang_size, args.gpus_per_pod)
+        total = len(pods)
+        created = create_all(api, peer, groups, pods)
+        print(f"  {total} pods created in {created:.1f}s (no scheduler yet)", file=sys.stderr)
+        names = {p["metadata"]["name"] for p in pods}
+        with BindWatch(api, names) as watch:
+            watch.informer.synced.wait(60)
+            requests_before = apimetrics.request_totals(api)
+            start = time.monotonic()
+            peer.start(plane, args.qps, args.qps * 2)
+            if args.profile and isinstance(peer, KaiRay):
+                # sampled stacks of kai-ray run, collapsed ("raw") format
+                assert peer.proc is not None and peer.proc.proc is not None
+                gil = ["--gil"] if args.profile_gil else []
+                spy = subprocess.Popen(["py-spy", "record", "-p", str(peer.proc.proc.pid), "-r",
+                                        "50", "--threads", *gil, "--format", "raw", "-o",
+                                        args.profile],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            cpu_start = _cpu_by_process(plane, peer)
+            loads: list[float] = []
+            cpu_end = cpu_start
+            deadline = start + args.timeout
+            stalled = False
+            while not watch.all_bound.wait(1.0) and time.monotonic() < deadline:
+                last = max(watch.bound_at.values(), default=start)
+                if time.monotonic() - last > args.stall_timeout:
+                    stalled = True  # a scheduler that gave up on pods (YuniKorn, after a
+                    break           # Binding timed out) would otherwise hold the run to --timeout
                 loads.append(os.getloadavg()[0])
-                cpu_end = _cpu_by_process(plane, proc)
-                print(f"  {len(bound_at)}/{total} bound at {time.monotonic() - start:.1f}s",
+                cpu_end = _cpu_by_process(plane, peer)
+                check_alive(plane, peer)
+                print(f"  {len(watch.bound_at)}/{total} bound at {time.monotonic() - start:.1f}s",
                       file=sys.stderr)
-            if all_bound.is_set():
-                cpu_end = _cpu_by_process(plane, proc)
-        finally:
-            pods_seen.stop()
+            if watch.all_bound.is_set():
+                cpu_end = _cpu_by_process(plane, peer)
+            requests_after = apimetrics.request_totals(api)
+        bound_at = watch.bound_at
         first_bind = min(bound_at.values(), default=None)
         last_bind = max(bound_at.values(), default=None)
         bound = len(bound_at)
@@ -166,48 +234,73 @@ def run(scheduler: str, args: argparse.Namespace) -> dict:
         cpu = {name: round(cpu_end.get(name, 0.0) - cpu_start.get(name, 0.0), 1)
                for name in cpu_end}
         bind_span = (last_bind or 0) - (first_bind or 0)
-        return {"scheduler": scheduler, "pods": total, "bound": bound, "seconds": round(e2e, 1),
+        diff = apimetrics.difference(requests_after, requests_before)
+        return {"scheduler": key, "pods": total, "bound": bound, "stalled": stalled,
+                "seconds": round(e2e, 1),
                 "pods_per_s_e2e": round(bound / e2e, 1) if e2e else 0.0,
                 "pods_per_s_bind": round(bound / bind_span, 1) if bind_span else 0.0,
+                "first_bind_s": round(first_bind - start, 2) if first_bind else None,
                 "create_seconds": round(created, 1), "qps": args.qps,
                 "load_avg_mean": round(sum(loads) / len(loads), 1) if loads else None,
                 "load_avg_max": round(max(loads), 1) if loads else None,
-                "cpu_seconds_until_last_bind": cpu}
+                "cpu_seconds_until_last_bind": cpu,
+                **writes_per_pod(diff, bound),
+                "requests_per_pod": requests_per_pod(diff, bound) if bound else {}}
     finally:
         if spy is not None:
             spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
             spy.wait(60)
-        if proc is not None:
-            print(f"  kai-ray log: {proc.log_path}", file=sys.stderr)
-            proc.stop()
+        for name, log in peer.logs(plane).items():
+            print(f"  {name} log: {log}", file=sys.stderr)
+        peer.stop(plane)
+        if args.keep_logs:
+            plane.keep_workdir = True
         plane.stop()
+
+
+def add_common_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--nodes", type=int, default=1000)
+    parser.add_argument("--gang-size", type=int, default=8)
+    parser.add_argument("--gpus-per-pod", type=int, default=0,
+                        help="whole GPUs per pod (default 0: the workload must fit the nodes)")
+    parser.add_argument("--scheduler", nargs="+", default=["kai", "kube"],
+                        choices=[*ALL, "all", "both"],
+                        help="one or more of these; all: every one; both: kai and kube "
+                             "(the default)")
+    parser.add_argument("--qps", "--kube-qps", type=int, default=1000,
+                        help="client QPS of every scheduler process (burst: twice that; "
+                             "kube-scheduler's default is 50)")
+    parser.add_argument("--timeout", type=float, default=1800)
+    parser.add_argument("--stall-timeout", type=float, default=180,
+                        help="end a run when no pod was bound for this long (reported as "
+                             "stalled)")
+    parser.add_argument("--keep-logs", action="store_true",
+                        help="keep each plane's directory (the schedulers' logs)")
+
+
+def schedulers(args: argparse.Namespace) -> list[str]:
+    out: list[str] = []
+    for s in args.scheduler:
+        for k in ALL if s == "all" else ["kai", "kube"] if s == "both" else [s]:
+            if k not in out:
+                out.append(k)
+    return out
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--nodes", type=int, default=1000)
+    add_common_args(parser)
     parser.add_argument("--single", type=int, default=5000)
     parser.add_argument("--gangs", type=int, default=500)
-    parser.add_argument("--gang-size", type=int, default=8)
-    parser.add_argument("--gpus-per-pod", type=int, default=0,
-                        help="whole GPUs per pod (default 0: the workload must fit the nodes)")
-    parser.add_argument("--scheduler", choices=["kai", "kube", "both"], default="both")
-    parser.add_argument("--qps", "--kube-qps", type=int, default=1000,
-                        help="--kube-api-qps of both schedulers (burst: twice that; "
-                             "kube-scheduler's default is 50)")
-    parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--profile", help="py-spy record kai-ray run into this file "
                                           "(collapsed stacks; needs `pip install py-spy`)")
     parser.add_argument("--profile-gil", action="store_true",
                         help="sample only the thread holding the GIL (Python CPU, not waits)")
     args = parser.parse_args()
-    which = ["kai", "kube"] if args.scheduler == "both" else [args.scheduler]
-    results = []
-    for s in which:
+    for s in schedulers(args):
         print(f"== {s}", file=sys.stderr)
-        results.append(run(s, args))
-        print(json.dumps(results[-1]))
+        print(json.dumps(run(s, args)), flush=True)
     return 0
 
 
