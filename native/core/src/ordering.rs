@@ -67,7 +67,7 @@ fn zero_quota_wanted(q: &QueueState, with_request: &Amounts) -> bool {
         || (q.allocatable(2) == 0.0 && with_request[2] > 0.0)
 }
 
-/// Negative when `lq` goes first (kai-spec §5.1, queue_order.go). `*taken` are victims already
+/// Negative when `lq` goes first (KAI's queue_order.go). `*taken` are victims already
 /// taken from the queue (victim order only): they lower its dominant share.
 pub fn compare_queues(
     sess: &Session,

@@ -1,5 +1,5 @@
 //! allocate: place pending jobs in queue/job order, each gang all or nothing
-//! (kai_ray/core/actions/allocate.py, kai-spec §7).
+//! (kai_ray/core/actions/allocate.py).
 
 use rustc_hash::FxHashMap;
 

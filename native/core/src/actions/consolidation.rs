@@ -1,5 +1,5 @@
 //! consolidation: move preemptible jobs (no net eviction) to open room for a pending
-//! preemptible job (kai_ray/core/actions/consolidation.py, kai-spec §6.7).
+//! preemptible job (kai_ray/core/actions/consolidation.py).
 
 use crate::actions::allocate::schedulable_jobs;
 use crate::actions::solver::{FailedJobs, Rules, Solver, VictimCache};

@@ -1,5 +1,5 @@
 //! preempt: inside one queue, a job evicts strictly lower-priority preemptible jobs
-//! (kai_ray/core/actions/preempt.py, kai-spec §6.5).
+//! (kai_ray/core/actions/preempt.py).
 
 use rustc_hash::FxHashMap;
 

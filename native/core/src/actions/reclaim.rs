@@ -1,5 +1,5 @@
 //! reclaim: a queue below its fair share takes resources back from queues above theirs
-//! (kai_ray/core/actions/reclaim.py, kai-spec §6.4).
+//! (kai_ray/core/actions/reclaim.py).
 
 use crate::actions::allocate::schedulable_jobs;
 use crate::actions::runtime::{protected, Kind};

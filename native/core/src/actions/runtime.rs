@@ -1,4 +1,4 @@
-//! Min-runtime protection of victims (kai_ray/core/actions/runtime.py, kai-spec §6.6).
+//! Min-runtime protection of victims (kai_ray/core/actions/runtime.py).
 
 use crate::state::Session;
 

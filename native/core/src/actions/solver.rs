@@ -1,5 +1,5 @@
 //! The victim solver shared by reclaim, preempt and consolidation
-//! (kai_ray/core/actions/solver.py, kai-spec §6.4). For a pending job it grows prefixes of its
+//! (kai_ray/core/actions/solver.py). For a pending job it grows prefixes of its
 //! tasks-to-allocate; each prefix starts from the victims recorded for the previous one and adds
 //! potential victims in victim order; every scenario evicts the recorded victims plus the
 //! potential victims on one node of the latest one, then places the preemptor and the victims
