@@ -125,6 +125,12 @@ def latency(key: str, args: argparse.Namespace) -> dict:
                "warmup_bind_s": round(warmup, 2), "qps": args.qps, "all_or_nothing": peer.gangs,
                "load_avg_1m_at_end": round(os.getloadavg()[0], 1)}
         if values:
+            # in creation order: a latency that grows from the first gangs to the last means
+            # the scheduler does not keep up with the offered rate
+            ordered = [lat[g] for g in gangs if g in lat]
+            tenth = max(1, len(ordered) // 10)
+            out["mean_first_tenth_s"] = round(sum(ordered[:tenth]) / tenth, 3)
+            out["mean_last_tenth_s"] = round(sum(ordered[-tenth:]) / tenth, 3)
             out.update({f"{name}_s": round(v, 3) for name, v in (
                 ("p50", percentile(values, 50)), ("p90", percentile(values, 90)),
                 ("p99", percentile(values, 99)), ("max", max(values)),
