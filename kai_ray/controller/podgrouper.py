@@ -171,6 +171,8 @@ class PodGrouper:
                     f"{kind} {where} (apiVersion {api_version}) does not exist") from e
             raise
         result: Mapping[str, Any] = obj.to_dict()
+        if kind == "RayCluster" and self.ray_watch is not None:
+            self.ray_watch.served()  # KubeRay may have come after the scheduler started
         return result
 
     def namespace_labels(self, namespace: str) -> Mapping[str, str]:

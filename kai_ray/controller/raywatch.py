@@ -1,8 +1,9 @@
 """Which RayClusters changed their spec, from a watch: the pod grouper regroups one of their
 pods at once, so a new minReplicas (or a suspended worker group) reaches the PodGroup within a
 cycle instead of at the next resync. Without KubeRay's CRD (404), or without RBAC to list and
-watch RayClusters (403), it tries again every 30 s; each change of that state is logged once
-and `state()` says it for /healthz and /readyz."""
+watch RayClusters (403), it tries again every 30 s, or at once when the pod grouper reads a
+RayCluster (`served()`: KubeRay was installed after the scheduler); each change of that state is
+logged once and `state()` says it for /healthz and /readyz."""
 
 from __future__ import annotations
 
@@ -27,6 +28,7 @@ class RayClusterWatch:
         self.changed: set[Key] = set()
         self.lock = threading.Lock()
         self.stopping = threading.Event()
+        self._wake = threading.Event()  # a stop, or proof that the CRD is served now
         self.thread = threading.Thread(target=self._run, name="raycluster-watch", daemon=True)
         # None while the watch works (or has not answered yet); else why it does not
         self.problem: str | None = None
@@ -37,6 +39,17 @@ class RayClusterWatch:
 
     def stop(self) -> None:
         self.stopping.set()
+        self._wake.set()
+
+    def served(self) -> None:
+        """A RayCluster was just read: if the watch waits out a 404 (no CRD), it looks again
+        now, not up to 30 s later while minReplicas changes wait for the grouper's resync."""
+        if self.problem is not None and self.problem.startswith("not served"):
+            self._wake.set()
+
+    def _pause(self, seconds: float) -> None:
+        self._wake.wait(seconds)
+        self._wake.clear()
 
     def take(self) -> set[Key]:
         with self.lock:
@@ -73,7 +86,10 @@ class RayClusterWatch:
             if event == "DELETED":
                 self.generations.pop(key, None)
                 return
-            if event == "MODIFIED" and self.generations.get(key) != generation:
+            # a relist (after a broken or expired watch) also tells a change made meanwhile
+            known = self.generations.get(key)
+            if (event == "MODIFIED" or (event == "LISTED" and known is not None)) \
+                    and known != generation:
                 self.changed.add(key)
             self.generations[key] = generation
 
@@ -84,7 +100,7 @@ class RayClusterWatch:
                 assert isinstance(listing, dict)
                 self._set_problem(None)
                 for obj in listing.get("items") or []:
-                    self._seen(obj, "ADDED")
+                    self._seen(obj, "LISTED")
                 rv = (listing.get("metadata") or {}).get("resourceVersion")
                 for event in watch.Watch().stream(self._list, resource_version=rv,
                                                   timeout_seconds=self.watch_timeout,
@@ -104,7 +120,7 @@ class RayClusterWatch:
                                       f"every {REFUSED_RETRY_S:.0f}s", logging.INFO)
                 else:
                     log.debug("RayCluster watch: %s %s; restarting", e.status, e.reason)
-                self.stopping.wait(REFUSED_RETRY_S if e.status in (403, 404) else FAULT_RETRY_S)
+                self._pause(REFUSED_RETRY_S if e.status in (403, 404) else FAULT_RETRY_S)
             except Exception as e:  # the API server restarting, a broken stream
                 log.debug("RayCluster watch: %s; restarting", e)
-                self.stopping.wait(FAULT_RETRY_S)
+                self._pause(FAULT_RETRY_S)

@@ -27,6 +27,35 @@ def test_only_generation_changes_count() -> None:
     assert w.take() == {("a", "rc")}
 
 
+def test_a_relist_reports_what_changed_while_no_watch_ran() -> None:
+    """A watch that broke or expired is followed by a list: a cluster whose spec moved in the
+    gap is reported, one first seen or unchanged is not."""
+    w = RayClusterWatch(client.ApiClient())
+    w._seen(_rc(1), "LISTED")
+    w._seen(_rc(4, name="other"), "ADDED")
+    assert w.take() == set()
+    w._seen(_rc(2), "LISTED")
+    w._seen(_rc(4, name="other"), "LISTED")
+    w._seen(_rc(1, ns="new"), "LISTED")
+    assert w.take() == {("a", "rc")}
+
+
+def test_a_rayclusters_read_ends_the_wait_after_a_404() -> None:
+    """KubeRay installed after the scheduler: the first RayCluster the grouper reads makes the
+    watch look again at once instead of at its 30 s retry."""
+    w = RayClusterWatch(client.ApiClient())
+    w.served()
+    assert not w._wake.is_set()  # watching (or not yet answered): nothing to end
+    w._set_problem("refused (403 Forbidden): ...")
+    w.served()
+    assert not w._wake.is_set()  # RBAC does not change because a read worked
+    w._set_problem("not served (404): is KubeRay installed? ...")
+    w.served()
+    assert w._wake.is_set()
+    w._pause(30.0)  # returns at once, and the next wait is a full one again
+    assert not w._wake.is_set()
+
+
 class _Refusing(RayClusterWatch):
     """A watch whose lists the API server answers with `answers` in turn (an exception is
     raised, a dict is a listing); stops itself after the last one."""
@@ -35,13 +64,11 @@ class _Refusing(RayClusterWatch):
         super().__init__(client.ApiClient())
         self.answers = list(answers)
         self.waits: list[float] = []
-        self.stopping.wait = self._wait  # type: ignore[method-assign]
 
-    def _wait(self, seconds: float | None = None) -> bool:
-        self.waits.append(float(seconds or 0))
+    def _pause(self, seconds: float) -> None:
+        self.waits.append(seconds)
         if not self.answers:
             self.stopping.set()
-        return self.stopping.is_set()
 
     def _list(self, **kwargs: object) -> object:
         if kwargs.get("watch"):

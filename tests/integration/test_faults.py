@@ -397,9 +397,11 @@ def test_binding_refused_by_a_policy(faults: Faults, ns: str) -> None:
         messages = wait_for("BindFailed conditions", bind_failed, timeout=40, detail=faults.log)
         assert "not allowed" in messages[0], messages
         assert "refused-0, a pod of the same gang" in messages[1], messages
-        pg = client.CustomObjectsApi(api).get_namespaced_custom_object(
-            "scheduling.run.ai", "v2alpha2", ns, "podgroups", "refused")
-        assert not convert.bind_intent(pg), "the gang left its bind intent"
+        # the pods are told first, then the transaction ends: its intent goes right after
+        wait_for("the gang's bind intent removed", lambda: not convert.bind_intent(
+            client.CustomObjectsApi(api).get_namespaced_custom_object(
+                "scheduling.run.ai", "v2alpha2", ns, "podgroups", "refused")),
+            timeout=10, detail=faults.log)
         faults.unrelated_gang_binds(ns)
 
         # backed off: no new bind tries for a while (the scheduler logs each one)
