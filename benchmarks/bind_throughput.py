@@ -198,6 +198,8 @@ def run(key: str, args: argparse.Namespace) -> dict:
         with BindWatch(api, names) as watch:
             watch.informer.synced.wait(60)
             requests_before = apimetrics.request_totals(api)
+            serving_before = apimetrics.serving_seconds(api)
+            watch_before = apimetrics.watch_events(api)
             start = time.monotonic()
             peer.start(plane, args.qps, args.qps * 2)
             if args.profile and isinstance(peer, KaiRay):
@@ -226,6 +228,8 @@ def run(key: str, args: argparse.Namespace) -> dict:
             if watch.all_bound.is_set():
                 cpu_end = _cpu_by_process(plane, peer)
             requests_after = apimetrics.request_totals(api)
+            serving = apimetrics.difference(apimetrics.serving_seconds(api), serving_before)
+            watched = apimetrics.difference(apimetrics.watch_events(api), watch_before)
         bound_at = watch.bound_at
         first_bind = min(bound_at.values(), default=None)
         last_bind = max(bound_at.values(), default=None)
@@ -245,7 +249,19 @@ def run(key: str, args: argparse.Namespace) -> dict:
                 "load_avg_max": round(max(loads), 1) if loads else None,
                 "cpu_seconds_until_last_bind": cpu,
                 **writes_per_pod(diff, bound),
-                "requests_per_pod": requests_per_pod(diff, bound) if bound else {}}
+                "requests_per_pod": requests_per_pod(diff, bound) if bound else {},
+                # where the API server's time went: seconds serving each kind of request
+                # (the largest 8), and watch events sent per pod by kind
+                "apiserver_serving_s": {
+                    f"{verb} {res}{'/' + sub if sub else ''}": round(v, 1)
+                    for (verb, res, sub), v in sorted(serving.items(), key=lambda kv: -kv[1])[:8]},
+                "watch_events_per_pod": {
+                    kind: round(n / bound, 2) for kind, n in sorted(
+                        watched.items(), key=lambda kv: -kv[1])
+                    if bound and not kind.endswith(" bytes") and n / bound >= 0.01},
+                "watch_kib_per_pod": round(sum(n for k, n in watched.items()
+                                               if k.endswith(" bytes")) / 1024 / bound, 1)
+                if bound else None}
     finally:
         if spy is not None:
             spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT

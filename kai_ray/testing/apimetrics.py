@@ -5,6 +5,7 @@ work cost the API server, whoever's client sent it."""
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 from kubernetes import client
 
@@ -22,20 +23,49 @@ def _labels(text: str) -> dict[str, str]:
     return out
 
 
-def request_totals(api: client.ApiClient) -> Counter[Key]:
-    """apiserver_request_total summed over codes, scopes and components."""
-    totals: Counter[Key] = Counter()
+def metric_sums(api: client.ApiClient, metric: str, by: tuple[str, ...]
+                ) -> Counter[tuple[str, ...]]:
+    """One metric of the API server's /metrics, summed by the labels `by` (the others summed
+    over)."""
+    totals: Counter[tuple[str, ...]] = Counter()
+    prefix = metric + "{"
     for line in rawapi.get_text(api, "/metrics").splitlines():
-        if not line.startswith("apiserver_request_total{"):
+        if not line.startswith(prefix):
             continue
-        labels, _, value = line[len("apiserver_request_total{"):].rpartition("} ")
+        labels, _, value = line[len(prefix):].rpartition("} ")
         lab = _labels(labels)
-        totals[(lab.get("verb", ""), lab.get("resource", ""), lab.get("subresource", ""))] += \
-            int(float(value))
+        totals[tuple(lab.get(name, "") for name in by)] += float(value)
     return totals
 
 
-def difference(after: Counter[Key], before: Counter[Key]) -> dict[Key, int]:
+def request_totals(api: client.ApiClient) -> Counter[Key]:
+    """apiserver_request_total summed over codes, scopes and components."""
+    sums = metric_sums(api, "apiserver_request_total", ("verb", "resource", "subresource"))
+    return Counter({(k[0], k[1], k[2]): int(v) for k, v in sums.items()})
+
+
+def serving_seconds(api: client.ApiClient) -> Counter[Key]:
+    """Seconds the API server spent serving requests, by verb and resource (from
+    apiserver_request_duration_seconds_sum; WATCH requests, which last as long as the watch,
+    left out): where its time goes, not its CPU, but the two follow each other."""
+    sums = metric_sums(api, "apiserver_request_duration_seconds_sum",
+                       ("verb", "resource", "subresource"))
+    return Counter({(k[0], k[1], k[2]): v for k, v in sums.items()
+                    if k[0] not in ("WATCH", "WATCHLIST", "CONNECT")})
+
+
+def watch_events(api: client.ApiClient) -> Counter[str]:
+    """Watch events the API server sent, by kind, and their bytes (kind + ' bytes'): a write
+    costs once per watcher of its kind."""
+    out: Counter[str] = Counter()
+    for (kind,), n in metric_sums(api, "apiserver_watch_events_total", ("kind",)).items():
+        out[kind] += n
+    for (kind,), n in metric_sums(api, "apiserver_watch_events_sizes_sum", ("kind",)).items():
+        out[kind + " bytes"] += n
+    return out
+
+
+def difference(after: Counter[Any], before: Counter[Any]) -> dict[Any, Any]:
     """What was served between the two reads (keys with none left out)."""
     return {k: after[k] - before.get(k, 0) for k in after if after[k] - before.get(k, 0)}
 

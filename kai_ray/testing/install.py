@@ -113,6 +113,7 @@ class ChartInstall:
                   *self.values)
         self.timings["helm_s"] = round(time.monotonic() - start, 1)
         self.wait_ready(timeout, since=start)
+        self.wait_webhook_answers(timeout, since=start)
         self.timings["ready_s"] = round(time.monotonic() - start, 1)
         self.log(f"   scheduler and webhook Ready {self.timings['ready_s']} s after helm install")
         return self
@@ -122,6 +123,7 @@ class ChartInstall:
         start = time.monotonic()
         self.helm("upgrade", self.release, str(CHART), "-n", self.namespace, *self.values, *extra)
         self.wait_ready(timeout, since=start)
+        self.wait_webhook_answers(timeout, since=start)
         self.timings["upgrade_ready_s"] = round(time.monotonic() - start, 1)
 
     def uninstall(self, timeout: float = 120) -> None:
@@ -167,6 +169,30 @@ class ChartInstall:
                 said = now
                 self.log(f"   waiting for {', '.join(waiting)} "
                          f"({now - start:.0f} s): {self.describe(waiting)}")
+            time.sleep(0.5)
+
+    def wait_webhook_answers(self, timeout: float, since: float | None = None) -> None:
+        """Until the API server reaches the webhook: a dry-run create of a pod it intercepts
+        is admitted. Ready replicas are not enough: their Service endpoints reach the node's
+        proxy rules a moment later, and a pod created meanwhile is refused ("failed calling
+        webhook ... connection refused"), as docs/install.md tells users."""
+        if self.pods("webhook") == []:
+            return  # webhook.enabled=false
+        start = since if since is not None else time.monotonic()
+        probe = {"metadata": {"name": "kai-ray-webhook-probe"},
+                 "spec": {"schedulerName": "kai-scheduler",
+                          "containers": [{"name": "c", "image": "busybox"}]}}
+        while True:
+            try:
+                self.core.create_namespaced_pod("default", probe, dry_run="All")
+                return
+            except client.ApiException as e:
+                if "failed calling webhook" not in str(e.body):
+                    return  # the webhook answered (a refusal of the probe is an answer too)
+                why = str(e.body)
+            if time.monotonic() > start + timeout:
+                raise InstallError(f"the API server does not reach the webhook {timeout:.0f} s "
+                                   f"after helm: {why}")
             time.sleep(0.5)
 
     def _rolled_out(self, component: str) -> bool:

@@ -320,6 +320,30 @@ fn kai_among(
             fitting.push((node, idle));
         }
     }
+    place_best(
+        sess,
+        task,
+        &fitting,
+        explain,
+        |s, n| s.free_gpu_at(n) as f64,
+        |s, t, node| {
+            let req = s.tasks[t].req;
+            partly_fits(s, &req, node as usize)
+        },
+    )
+}
+
+/// The best of `fitting` (node, fits on idle), in node order, by the GPU score: bin-pack (or
+/// spread) on `free_of`, +100 on idle, +1000 where `bonus_of` holds for a fractional task;
+/// ties to the first. None, with the reasons when `explain`, where nothing fits.
+fn place_best(
+    sess: &mut Session,
+    task: usize,
+    fitting: &[(i32, bool)],
+    explain: bool,
+    free_of: impl Fn(&Session, usize) -> f64,
+    bonus_of: impl Fn(&Session, usize, i32) -> bool,
+) -> (Option<Choice>, Reasons) {
     if fitting.is_empty() {
         let reasons = if explain { feasible(sess, task, true).2 } else { Vec::new() };
         return (None, reasons);
@@ -328,18 +352,17 @@ fn kai_among(
         let (node, idle) = fitting[0];
         return (Some(place_on(sess, task, node, idle)), Vec::new());
     }
-    let req = sess.tasks[task].req;
     let spread = sess.config.gpu_spread;
     let (mut lo, mut hi) = (0i64, 0i64);
     if !spread && !sess.free_counts.is_empty() {
         lo = *sess.free_counts.keys().next().expect("min");
         hi = *sess.free_counts.keys().next_back().expect("max");
     }
-    let bonus = !spread && req.gpus == 0;
+    let bonus = !spread && sess.tasks[task].req.gpus == 0;
     let mut best: Option<(f64, i32, bool)> = None;
-    for &(node, idle) in &fitting {
+    for &(node, idle) in fitting {
         let n = node as usize;
-        let (free, total) = (sess.free_gpu_at(n) as f64, sess.cap_gpu[n] as f64);
+        let (free, total) = (free_of(sess, n), sess.cap_gpu[n] as f64);
         let base = if total <= 0.0 {
             0.0
         } else if spread {
@@ -351,7 +374,7 @@ fn kai_among(
         };
         let mut score = base + if idle { 100.0 } else { 0.0 };
         if bonus {
-            score += 1000.0 * if partly_fits(sess, &req, n) { 1.0 } else { 0.0 };
+            score += 1000.0 * if bonus_of(sess, task, node) { 1.0 } else { 0.0 };
         }
         if best.is_none_or(|(s, _, _)| score > s) {
             best = Some((score, node, idle));
@@ -790,44 +813,7 @@ fn choose_among(
             fitting.push((node, idle));
         }
     }
-    if fitting.is_empty() {
-        let reasons = if explain { feasible(sess, task, true).2 } else { Vec::new() };
-        return (None, reasons);
-    }
-    if fitting.len() == 1 {
-        let (node, idle) = fitting[0];
-        return (Some(place_on(sess, task, node, idle)), Vec::new());
-    }
-    let spread = sess.config.gpu_spread;
-    let (mut lo, mut hi) = (0i64, 0i64);
-    if !spread && !sess.free_counts.is_empty() {
-        lo = *sess.free_counts.keys().next().expect("min");
-        hi = *sess.free_counts.keys().next_back().expect("max");
-    }
-    let bonus = !spread && sess.tasks[task].req.gpus == 0;
-    let mut best: Option<(f64, i32, bool)> = None;
-    for &(node, idle) in &fitting {
-        let n = node as usize;
-        let (free, total) = (sess.gpu_free_at[n] as f64, sess.cap_gpu[n] as f64);
-        let base = if total <= 0.0 {
-            0.0
-        } else if spread {
-            free / total
-        } else if hi == lo {
-            9.0
-        } else {
-            9.0 * (1.0 - (free - lo as f64) / (hi as f64 - lo as f64))
-        };
-        let mut score = base + if idle { 100.0 } else { 0.0 };
-        if bonus {
-            score += 1000.0 * if sharing_bonus_on(sess, task, node) { 1.0 } else { 0.0 };
-        }
-        if best.is_none_or(|(s, _, _)| score > s) {
-            best = Some((score, node, idle));
-        }
-    }
-    let (_, node, idle) = best.expect("a fitting node");
-    (Some(place_on(sess, task, node, idle)), Vec::new())
+    place_best(sess, task, &fitting, explain, |s, n| s.gpu_free_at[n] as f64, sharing_bonus_on)
 }
 
 pub fn place_on(sess: &mut Session, task: usize, node: i32, on_idle: bool) -> Choice {
