@@ -47,6 +47,7 @@ from pathlib import Path
 
 from kubernetes import client
 
+from kai_ray.k8s import rawapi
 from kai_ray.k8s.cache import Informer
 from kai_ray.testing import apimetrics, procs
 from kai_ray.testing.nodes import create_gpu_nodes, wait_nodes_ready
@@ -74,9 +75,9 @@ def _cpu_by_process(plane: ControlPlane, peer: Peer) -> dict[str, float]:
     return out
 
 
-def start_plane(nodes: int) -> tuple[ControlPlane, client.ApiClient]:
+def start_plane(nodes: int, profiling: bool = False) -> tuple[ControlPlane, client.ApiClient]:
     """A fresh plane with `nodes` KWOK nodes (8 GPUs each) and the benchmark's namespace."""
-    plane = ControlPlane()
+    plane = ControlPlane(profiling=profiling)
     plane.start()
     try:
         api = plane.api_client()
@@ -184,9 +185,16 @@ def writes_per_pod(diff: dict[apimetrics.Key, int], bound: int) -> dict[str, flo
             "writes_per_pod_without_heartbeats": round(apimetrics.writes(pods_only) / bound, 3)}
 
 
+def _apiserver_profile(api: client.ApiClient, path: Path, seconds: int) -> None:
+    data = rawapi.get_bytes(api, f"/debug/pprof/profile?seconds={seconds}",
+                            timeout=(5, seconds + 30))
+    path.write_bytes(data)
+    print(f"  API server CPU profile ({seconds}s): {path}", file=sys.stderr)
+
+
 def run(key: str, args: argparse.Namespace) -> dict:
     peer = make(key)
-    plane, api = start_plane(args.nodes)
+    plane, api = start_plane(args.nodes, profiling=bool(args.apiserver_profile))
     spy: subprocess.Popen[bytes] | None = None
     try:
         peer.install(plane, NS)
@@ -210,6 +218,15 @@ def run(key: str, args: argparse.Namespace) -> dict:
                                         "50", "--threads", *gil, "--format", "raw", "-o",
                                         args.profile],
                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            apiserver_pprof = None
+            if args.apiserver_profile:
+                # the API server's own CPU profile over the run's first seconds (its pprof
+                # endpoint, on by default): `go tool pprof -top FILE` says where its time goes
+                where = Path(args.apiserver_profile)
+                where = where.with_name(f"{where.stem}-{key}{where.suffix}")
+                apiserver_pprof = threading.Thread(target=_apiserver_profile, args=(
+                    api, where, args.apiserver_profile_s), daemon=True)
+                apiserver_pprof.start()
             cpu_start = _cpu_by_process(plane, peer)
             loads: list[float] = []
             cpu_end = cpu_start
@@ -227,6 +244,8 @@ def run(key: str, args: argparse.Namespace) -> dict:
                       file=sys.stderr)
             if watch.all_bound.is_set():
                 cpu_end = _cpu_by_process(plane, peer)
+            if apiserver_pprof is not None:
+                apiserver_pprof.join(args.apiserver_profile_s + 30)
             requests_after = apimetrics.request_totals(api)
             serving = apimetrics.difference(apimetrics.serving_seconds(api), serving_before)
             watched = apimetrics.difference(apimetrics.watch_events(api), watch_before)
@@ -311,6 +330,11 @@ def main() -> int:
     parser.add_argument("--gangs", type=int, default=500)
     parser.add_argument("--profile", help="py-spy record kai-ray run into this file "
                                           "(collapsed stacks; needs `pip install py-spy`)")
+    parser.add_argument("--apiserver-profile", metavar="FILE",
+                        help="write kube-apiserver's CPU profile (pprof) over the first "
+                        "--apiserver-profile-s seconds after the scheduler starts, one file "
+                        "per scheduler (FILE's name + -SCHEDULER)")
+    parser.add_argument("--apiserver-profile-s", type=int, default=20)
     parser.add_argument("--profile-gil", action="store_true",
                         help="sample only the thread holding the GIL (Python CPU, not waits)")
     args = parser.parse_args()

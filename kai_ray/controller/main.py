@@ -110,8 +110,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     # write was fenced on; the loop tries again next cycle)
     loop_api = api.sibling(retries=False)
     # the Bindings on a bucket of their own: KAI's binder is a deployment of its own, with
-    # its own client limit (docs/configuration.md)
-    bind_api = loop_api.sibling(retries=False, own_bucket=True)
+    # its own client limit (docs/configuration.md); a connection per binder worker
+    bind_api = loop_api.sibling(retries=False, own_bucket=True,
+                                pool_size=loop_config.binder.workers + 8)
     metrics = SchedulerMetrics()
     cache = ClusterCache(api, watch_timeout=max(1, round(timeouts.watch_s)),
                          connect_timeout=timeouts.connect_s,

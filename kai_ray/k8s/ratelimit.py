@@ -87,18 +87,22 @@ class RateLimitedApiClient(client.ApiClient):
         # cycle that still gets answers is working, one that gets none is wedged
         self.last_answer = time.monotonic()
 
-    def sibling(self, retries: bool | int | None = None,
-                own_bucket: bool = False) -> RateLimitedApiClient:
+    def sibling(self, retries: bool | int | None = None, own_bucket: bool = False,
+                pool_size: int | None = None) -> RateLimitedApiClient:
         """A client of the same configuration, limiter (one rate limit for both) and timeout,
         with its own connections and its own `last_answer`: the scheduling loop's, so that
         /healthz hears of answers to the loop's requests, not to lease renewals or watches.
         `retries` as for the constructor; `own_bucket`: a token bucket of its own, of the same
-        QPS and burst, instead of this client's."""
+        QPS and burst, instead of this client's; `pool_size`: connections kept, when its
+        callers run more threads than this client's (each extra one would be opened and
+        dropped, a TLS handshake each)."""
         limiter = self.limiter
         if own_bucket and limiter is not None:
             limiter = TokenBucket(limiter.qps, limiter.burst)
         twin = RateLimitedApiClient(self.configuration, limiter, self.timeout,
                                     retries=retries)
+        if pool_size is not None:  # this client's pools only: the Configuration is shared
+            twin.rest_client.pool_manager.connection_pool_kw["maxsize"] = pool_size
         twin.default_headers = dict(self.default_headers)
         twin.cookie = self.cookie
         return twin

@@ -98,9 +98,14 @@ def annotate_quietly(api: client.ApiClient, group: str, version: str, plural: st
     return True
 
 
+def get_bytes(api: client.ApiClient, path: str, timeout: Timeout = None) -> bytes:
+    """GET `path`, the answer's body as it came (e.g. a pprof profile)."""
+    return _send(api, "GET", path, None, "", timeout)
+
+
 def get_text(api: client.ApiClient, path: str, timeout: Timeout = None) -> str:
     """GET `path` (e.g. /metrics), the answer as text."""
-    return _send(api, "GET", path, None, "", timeout).decode("utf-8", "replace")
+    return get_bytes(api, path, timeout).decode("utf-8", "replace")
 
 
 def request_json(api: client.ApiClient, method: str, path: str, body: Any = None,

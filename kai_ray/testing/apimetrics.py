@@ -58,10 +58,11 @@ def watch_events(api: client.ApiClient) -> Counter[str]:
     """Watch events the API server sent, by kind, and their bytes (kind + ' bytes'): a write
     costs once per watcher of its kind."""
     out: Counter[str] = Counter()
-    for (kind,), n in metric_sums(api, "apiserver_watch_events_total", ("kind",)).items():
-        out[kind] += n
-    for (kind,), n in metric_sums(api, "apiserver_watch_events_sizes_sum", ("kind",)).items():
-        out[kind + " bytes"] += n
+    # labelled by kind before Kubernetes 1.32, by resource since
+    for metric, suffix in (("apiserver_watch_events_total", ""),
+                           ("apiserver_watch_events_sizes_sum", " bytes")):
+        for (kind, resource), n in metric_sums(api, metric, ("kind", "resource")).items():
+            out[(kind or resource) + suffix] += n
     return out
 
 

@@ -68,7 +68,7 @@ class ControlPlane(Cluster):
     def __init__(self, workdir: Path | None = None, *, detached: bool = False,
                  controller_manager: bool = True, kwok: bool = True,
                  kube_scheduler: bool = False, keep_workdir: bool = False,
-                 real_node: bool = False) -> None:
+                 real_node: bool = False, profiling: bool = False) -> None:
         self._own_workdir = workdir is None
         self.workdir = Path(workdir or tempfile.mkdtemp(prefix="kai-ray-plane-"))
         super().__init__(self.workdir / "kubeconfig")
@@ -81,6 +81,8 @@ class ControlPlane(Cluster):
         # room for a realnode.RealNode: the API server listens on the pods' bridge (which the
         # plane creates) so pods reach it, authorizes kubelets (Node) and calls them with TLS
         self.real_node = real_node
+        # the API server's /debug/pprof (benchmarks: where its CPU goes); off otherwise
+        self.profiling = profiling
         self._owns_bridge = False  # the bridge was made by this plane (else: not ours to undo)
         self.components: dict[str, Component] = {}
         self.ports: dict[str, int] = {}
@@ -312,7 +314,7 @@ class ControlPlane(Cluster):
                 "--endpoint-reconciler-type=none"]),
             # API priority and fairness: its start-up hooks and config objects only cost time here
             "--enable-priority-and-fairness=false",
-            "--profiling=false",
+            f"--profiling={'true' if self.profiling else 'false'}",
             "--v=0",
         ])
 

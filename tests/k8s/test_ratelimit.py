@@ -128,6 +128,16 @@ def test_a_sibling_shares_the_limit_but_hears_only_its_own_answers(server: str) 
     assert [p for _, p, _ in _Counting.hits] == ["/api/v1/namespaces/x"] * 2
 
 
+def test_a_sibling_keeps_a_connection_per_thread_of_its_callers(server: str) -> None:
+    """The binder's client keeps as many connections as it has workers; the parent keeps its
+    own number (urllib3 would otherwise open and drop the extra ones, a handshake each)."""
+    parent = _client(server, None)
+    binds = parent.sibling(pool_size=136)
+    assert binds.rest_client.pool_manager.connection_from_url(server).pool.maxsize == 136
+    assert parent.rest_client.pool_manager.connection_from_url(server).pool.maxsize != 136
+    client.CoreV1Api(binds).read_namespace("x", _preload_content=False)  # it still works
+
+
 def _kubeconfig(tmp_path: Path, server: str) -> str:
     path = tmp_path / "kubeconfig"
     path.write_text(json.dumps({
