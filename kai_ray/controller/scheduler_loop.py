@@ -42,6 +42,10 @@ class LoopConfig:
     # new work starts the next cycle early: this long after it arrived (the rest of a gang
     # created one pod at a time is read with its first pod)
     min_period_s: float = 0.1
+    # a leader's first cycle waits (at most this long) for the pod grouper's first pass: the
+    # pods pending at start are then decided in one cycle, instead of the gangs whose PodGroups
+    # exist first and everything else only after that cycle's whole bind phase
+    first_grouping_wait_s: float = 5.0
     core: SchedulerConfig = field(default_factory=SchedulerConfig)
     binder: BinderConfig = field(default_factory=BinderConfig)
     reservation_gc: bool = True
@@ -88,6 +92,7 @@ class SchedulerLoop:
         self.last_result: CycleResult | None = None
         self.stopping = threading.Event()
         self._grouping: threading.Thread | None = None
+        self._grouped = threading.Event()  # a grouper pass ran (as leader) since it was cleared
         # seconds this replica surely leads (the elector's lease_left; no election: forever):
         # each step of a cycle, and each bind and eviction, writes only with time left
         self.lease_left: Callable[[], float] = lambda: math.inf
@@ -349,6 +354,7 @@ class SchedulerLoop:
                 self.grouper.run_once()
             except Exception:  # one bad pass must not stop grouping
                 log.exception("pod grouping failed")
+            self._grouped.set()
             # new or changed pods at once; otherwise a pass per cycle period (retries of failed
             # pods, owner resyncs), as often as when the grouper ran inside the cycle
             wake.wait(max(0.0, last + self.config.period_s - time.monotonic()))
@@ -365,11 +371,16 @@ class SchedulerLoop:
                                               name="pod-grouper", daemon=True)
             self._grouping.start()
         arrivals = getattr(self.cache, "arrivals", None)
+        leading = False
         while not self.stopping.is_set():
             started = time.monotonic()
             if arrivals is not None:
                 arrivals.clear()  # what arrives from now on is not in this cycle's snapshot
             if is_leader is None or is_leader():
+                if not leading and self._grouping is not None:
+                    self._first_grouping()
+                    started = time.monotonic()
+                leading = True
                 self.cycle_started = started
                 self._cycle_epoch = self.leader_epoch()
                 try:
@@ -384,9 +395,18 @@ class SchedulerLoop:
                 finally:
                     self.cycle_started = None
             else:
+                leading = False
                 self.last_progress = time.monotonic()  # a follower waits: that is its work
             self.cache.changed.clear()
             self._wait_for_next_cycle(started, arrivals)
+
+    def _first_grouping(self) -> None:
+        """Before the first cycle as leader: until the pod grouper has passed once as leader
+        (bounded: a slow pass must not hold scheduling back)."""
+        self._grouped.clear()
+        if not self._grouped.wait(self.config.first_grouping_wait_s):
+            log.info("first cycle without the pod grouper's first pass (not done after %.0fs)",
+                     self.config.first_grouping_wait_s)
 
     def _wait_for_next_cycle(self, started: float, arrivals: threading.Event | None) -> None:
         """Until `period_s` after the cycle began, or, once new work arrived (a pending pod

@@ -153,3 +153,56 @@ def test_a_gang_backing_off_says_so_not_that_it_waits_for_gated_pods() -> None:
     result.job_status["g"] = JobStatus("g", "ns", "NotReady", "", ("b",))
     loop._explain_backoff(result, waiting)
     assert "back off for 20s" in result.job_status["g"].message
+
+
+class _SlowGrouper(_Grouper):
+    """Its passes take `seconds` each; it holds what `run` sets on a grouper."""
+
+    def __init__(self, cache: _Cache, seconds: float) -> None:
+        super().__init__(cache)
+        self.seconds = seconds
+        self.defer_bare_pods = False
+        self.ended: list[float] = []
+
+    def run_once(self) -> int:
+        time.sleep(self.seconds)
+        self.ended.append(time.monotonic())
+        return super().run_once()
+
+    def create_after_bind(self, podgroup: object) -> None:
+        pass
+
+
+class _CountingLoop(SchedulerLoop):
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.cycles: list[float] = []
+
+    def cycle(self) -> None:  # type: ignore[override]
+        self.cycles.append(time.monotonic())
+        self.stop()
+
+
+def _first_cycle(pass_s: float, wait_s: float) -> tuple[_SlowGrouper, _CountingLoop]:
+    cache = _Cache()
+    cache.changed = threading.Event()  # type: ignore[attr-defined]
+    loop = _CountingLoop(client.ApiClient(client.Configuration()), cache,
+                         LoopConfig(period_s=60.0, first_grouping_wait_s=wait_s))
+    grouper = _SlowGrouper(cache, pass_s)
+    loop.grouper = grouper  # type: ignore[assignment]
+    runner = threading.Thread(target=loop.run, daemon=True)
+    runner.start()
+    runner.join(10)
+    assert not runner.is_alive()
+    return grouper, loop
+
+
+def test_the_first_cycle_waits_for_the_groupers_first_pass() -> None:
+    """The pods pending at start are decided in one cycle: the first waits for the grouper."""
+    grouper, loop = _first_cycle(pass_s=0.5, wait_s=5.0)
+    assert loop.cycles and grouper.ended and loop.cycles[0] >= grouper.ended[0]
+
+
+def test_a_slow_first_pass_does_not_hold_the_first_cycle_for_long() -> None:
+    grouper, loop = _first_cycle(pass_s=3.0, wait_s=0.3)
+    assert loop.cycles and (not grouper.ended or loop.cycles[0] < grouper.ended[0])
