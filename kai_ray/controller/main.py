@@ -139,6 +139,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                                      getattr(args, "health_addr", "127.0.0.1"))
         extras.append(health_server)
         log.info("health on %s/healthz and /readyz", health_server.url)
+    log.info("listing the cluster into the watch cache")
     try:
         cache.start()
     except (RuntimeError, TimeoutError) as e:

@@ -305,6 +305,7 @@ class ClusterCache:
                 raise
 
     def start(self, timeout: float = 60.0) -> None:
+        began = time.monotonic()
         self.check_crds()
         for inf in self.informers:
             inf.start()
@@ -315,6 +316,8 @@ class ClusterCache:
                 raise TimeoutError(f"cache: {inf.name} did not sync within {timeout:.0f}s"
                                    + (f" (last error: {inf.last_error})" if inf.last_error
                                       else ""))
+        log.info("cache synced in %.1fs: %s", time.monotonic() - began,
+                 ", ".join(f"{len(inf.items)} {inf.name}" for inf in self.informers))
 
     def stop(self) -> None:
         for inf in self.informers:
