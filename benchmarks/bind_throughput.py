@@ -285,12 +285,18 @@ def run(key: str, args: argparse.Namespace) -> dict:
         if spy is not None:
             spy.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
             spy.wait(60)
-        for name, log in peer.logs(plane).items():
-            print(f"  {name} log: {log}", file=sys.stderr)
-        peer.stop(plane)
-        if args.keep_logs:
-            plane.keep_workdir = True
-        plane.stop()
+        stop_run(plane, peer, args)
+
+
+def stop_run(plane: ControlPlane, peer: Peer, args: argparse.Namespace) -> None:
+    """The scheduler's processes, then the plane (kept on disk with --keep-logs); where the
+    scheduler's logs are is printed first."""
+    for name, log in peer.logs(plane).items():
+        print(f"  {name} log: {log}", file=sys.stderr)
+    peer.stop(plane)
+    if args.keep_logs:
+        plane.keep_workdir = True
+    plane.stop()
 
 
 def add_common_args(parser: argparse.ArgumentParser) -> None:

@@ -40,12 +40,12 @@ from bind_throughput import (
     create_all,
     schedulers,
     start_plane,
+    stop_run,
     workload,
 )
 from kubernetes import client
 
-from kai_ray.testing.peers import Peer, make
-from kai_ray.testing.plane import ControlPlane
+from kai_ray.testing.peers import make
 
 
 def percentile(values: list[float], p: float) -> float:
@@ -137,7 +137,7 @@ def latency(key: str, args: argparse.Namespace) -> dict:
                 ("mean", sum(values) / len(values)))})
         return out
     finally:
-        _stop(plane, peer, args)
+        stop_run(plane, peer, args)
 
 
 def restart(key: str, args: argparse.Namespace) -> dict:
@@ -175,16 +175,7 @@ def restart(key: str, args: argparse.Namespace) -> dict:
                 "first_gang_bound_s": round(first_gang, 2) if first_gang is not None else None,
                 "qps": args.qps, "load_avg_1m": round(os.getloadavg()[0], 1)}
     finally:
-        _stop(plane, peer, args)
-
-
-def _stop(plane: ControlPlane, peer: Peer, args: argparse.Namespace) -> None:
-    for name, log in peer.logs(plane).items():
-        print(f"  {name} log: {log}", file=sys.stderr)
-    peer.stop(plane)
-    if args.keep_logs:
-        plane.keep_workdir = True
-    plane.stop()
+        stop_run(plane, peer, args)
 
 
 def main() -> int:
