@@ -29,6 +29,7 @@ class RayClusterWatch:
         self.lock = threading.Lock()
         self.stopping = threading.Event()
         self._wake = threading.Event()  # a stop, or proof that the CRD is served now
+        self._crd_missing = False  # the last list was answered 404
         self.thread = threading.Thread(target=self._run, name="raycluster-watch", daemon=True)
         # None while the watch works (or has not answered yet); else why it does not
         self.problem: str | None = None
@@ -44,7 +45,7 @@ class RayClusterWatch:
     def served(self) -> None:
         """A RayCluster was just read: if the watch waits out a 404 (no CRD), it looks again
         now, not up to 30 s later while minReplicas changes wait for the grouper's resync."""
-        if self.problem is not None and self.problem.startswith("not served"):
+        if self._crd_missing:
             self._wake.set()
 
     def _pause(self, seconds: float) -> None:
@@ -99,6 +100,7 @@ class RayClusterWatch:
                 listing = self._list()
                 assert isinstance(listing, dict)
                 self._set_problem(None)
+                self._crd_missing = False
                 for obj in listing.get("items") or []:
                     self._seen(obj, "LISTED")
                 rv = (listing.get("metadata") or {}).get("resourceVersion")
@@ -110,6 +112,7 @@ class RayClusterWatch:
                     if event["type"] in ("ADDED", "MODIFIED", "DELETED"):
                         self._seen(event["object"], event["type"])
             except ApiException as e:
+                self._crd_missing = e.status == 404
                 if e.status == 403:
                     self._set_problem(
                         f"refused ({e.status} {e.reason}): the scheduler's RBAC lacks "

@@ -46,13 +46,15 @@ def test_a_rayclusters_read_ends_the_wait_after_a_404() -> None:
     w = RayClusterWatch(client.ApiClient())
     w.served()
     assert not w._wake.is_set()  # watching (or not yet answered): nothing to end
-    w._set_problem("refused (403 Forbidden): ...")
+    w = _Refusing([ApiException(status=403, reason="Forbidden")])
+    w._run()
     w.served()
     assert not w._wake.is_set()  # RBAC does not change because a read worked
-    w._set_problem("not served (404): is KubeRay installed? ...")
+    w = _Refusing([ApiException(status=404, reason="Not Found")])
+    w._run()
     w.served()
     assert w._wake.is_set()
-    w._pause(30.0)  # returns at once, and the next wait is a full one again
+    RayClusterWatch._pause(w, 30.0)  # returns at once; the next wait is a full one again
     assert not w._wake.is_set()
 
 
