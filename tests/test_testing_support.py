@@ -99,3 +99,44 @@ def test_free_ports_are_distinct_and_unused() -> None:
     ports = procs.free_ports(5)
     assert len(set(ports)) == 5
     assert not any(procs.port_listening(p) for p in ports)
+
+
+class _ReservationPods:
+    """The two CoreV1Api calls the KWOK GPU reporter makes, over a list of reservation pods."""
+
+    def __init__(self, pods: list[dict[str, object]]) -> None:
+        from kubernetes import client
+        self.pods = pods
+        self.client = client
+        self.patches: list[tuple[str, object]] = []
+
+    def list_namespaced_pod(self, namespace: str) -> object:
+        items = [self.client.V1Pod(
+            metadata=self.client.V1ObjectMeta(name=p["name"], annotations=p.get("ann")),
+            spec=self.client.V1PodSpec(node_name=p["node"], containers=[]))
+            for p in self.pods]
+        return self.client.V1PodList(items=items)
+
+    def patch_namespaced_pod(self, name: str, namespace: str, body: dict[str, object]) -> None:
+        self.patches.append((name, body))
+
+
+def test_kwok_gpu_reporter_reports_each_pod_once_whatever_stale_event_arrives() -> None:
+    """A status event that predates the reporter's own patch must not report the pod again:
+    the second report would give it another device after the binder handed out the first."""
+    from kai_ray.testing.devices import GPU_INDEX_ANNOTATION, KwokGpuReporter
+
+    reporter = KwokGpuReporter.__new__(KwokGpuReporter)
+    reporter._kwok_nodes = {"n1": True}
+    core = _ReservationPods([
+        {"name": "a", "node": "n1", "ann": {GPU_INDEX_ANNOTATION: "GPU-n1-0"}},
+        {"name": "b", "node": "n1", "ann": {GPU_INDEX_ANNOTATION: "GPU-n1-1"}},
+        {"name": "c", "node": "n1"}])
+    reporter.core = core  # type: ignore[assignment]
+    reporter.reported = 0
+    stale_b = {"metadata": {"name": "b"}, "spec": {"nodeName": "n1"}}
+    reporter._report(stale_b)
+    assert core.patches == []
+    reporter._report({"metadata": {"name": "c"}, "spec": {"nodeName": "n1"}})
+    assert core.patches == [("c", {"metadata": {"annotations": {GPU_INDEX_ANNOTATION:
+                                                                "GPU-n1-2"}}})]

@@ -69,10 +69,13 @@ class KwokGpuReporter:
             return
         taken = set()
         for other in self.core.list_namespaced_pod(RESERVATION_NAMESPACE).items:
-            if other.spec.node_name == node and other.metadata.annotations:
-                gpu = other.metadata.annotations.get(GPU_INDEX_ANNOTATION)
-                if gpu:
-                    taken.add(gpu)
+            gpu = (other.metadata.annotations or {}).get(GPU_INDEX_ANNOTATION)
+            if other.metadata.name == m["name"] and gpu:
+                # an event older than our own patch (the pod's status moved meanwhile): it has
+                # reported; a second report would move a device the binder already handed out
+                return
+            if other.spec.node_name == node and gpu:
+                taken.add(gpu)
         index = 0
         while f"GPU-{node}-{index}" in taken:
             index += 1

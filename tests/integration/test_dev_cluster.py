@@ -164,6 +164,12 @@ def test_fractional_pods_run_on_the_kwok_dev_cluster_as_a_user_runs_it(
         # one reservation pod per shared device, each reported
         res = kubectl(dev_state, "get", "pods", "-n", "kai-resource-reservation")["items"]
         devices = {p["metadata"]["annotations"]["run.ai/reserve_for_gpu_index"] for p in res}
-        assert devices == {large["NVIDIA_VISIBLE_DEVICES"], envs[0]["NVIDIA_VISIBLE_DEVICES"]}
+        seen = [(p["metadata"]["name"], p["metadata"]["labels"].get("runai-gpu-group"),
+                 p["metadata"]["annotations"].get("run.ai/reserve_for_gpu_index"),
+                 p["metadata"].get("deletionTimestamp")) for p in res]
+        assert devices == {large["NVIDIA_VISIBLE_DEVICES"], envs[0]["NVIDIA_VISIBLE_DEVICES"]}, (
+            f"reservation pods {seen}; groups {groups}, ray workers "
+            f"{[w['metadata']['labels'].get('runai-gpu-group') for w in workers]}\n"
+            f"{proc.log_tail(120)}")
     finally:
         proc.stop()
