@@ -4,6 +4,7 @@ out of cluster (a kubeconfig) or in cluster (the service account)."""
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import signal
 import sys
@@ -108,7 +109,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     # answered the loop, which lease renewals, the grouper and the watches (on `api`) do not
     # (no urllib3 retries: each would resend a write with a whole timeout, past the lease the
     # write was fenced on; the loop tries again next cycle)
-    loop_api = api.sibling(retries=False)
+    # (a connection per binder worker too: they write gangs' intents and PodGroups on it)
+    loop_api = api.sibling(retries=False, pool_size=loop_config.binder.workers + 8)
     # the Bindings on a bucket of their own: KAI's binder is a deployment of its own, with
     # its own client limit (docs/configuration.md); a connection per binder worker
     bind_api = loop_api.sibling(retries=False, own_bucket=True,
@@ -140,6 +142,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         extras.append(health_server)
         log.info("health on %s/healthz and /readyz", health_server.url)
     log.info("listing the cluster into the watch cache")
+    # the first list is millions of acyclic JSON objects that live as long as the cache:
+    # collecting while they arrive (each generation-2 pass walks all of them again) tripled
+    # the sync's CPU, and frozen they are never walked again (freed by refcount as events
+    # replace them)
+    gc.disable()
     try:
         cache.start()
     except (RuntimeError, TimeoutError) as e:
@@ -147,6 +154,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         for extra in extras:
             extra.stop()
         return 2
+    finally:
+        gc.freeze()
+        gc.enable()
     # 16: a bare pod that waits costs the grouper two round trips (its PodGroup, its
     # annotation); one scheduled at once, one (its PodGroup, after the bind)
     grouper_api = grouper_client(args, conn, file)

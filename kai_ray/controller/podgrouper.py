@@ -38,6 +38,7 @@ from kai_ray.grouping.podgroup import Grouping, group_pod, should_group
 from kai_ray.grouping.update import podgroup_update
 from kai_ray.k8s import rawapi
 from kai_ray.k8s.cache import PG_GROUP, PG_PLURAL, PG_VERSION, ClusterCache
+from kai_ray.k8s.client import LazyCoreV1Api
 from kai_ray.k8s.convert import LAST_START_ANNOTATION
 from kai_ray.k8s.events import EventRecorder
 from kai_ray.k8s.provisional import BOUND, WRITE, ProvisionalGroups, written_form
@@ -124,7 +125,7 @@ class PodGrouper:
         self.cache = cache
         self.events = events
         self.config = config or GroupingConfig()
-        self.core = client.CoreV1Api(api)
+        self.core = LazyCoreV1Api(api)  # its import is slow: made on first use
         self.custom = client.CustomObjectsApi(api)
         self._dynamic: dynamic.DynamicClient | None = None
         self._namespaces: dict[str, tuple[float, Mapping[str, str]]] = {}
@@ -179,9 +180,9 @@ class PodGrouper:
         cached = self._namespaces.get(namespace)
         if cached and time.monotonic() - cached[0] < 30:
             return cached[1]
-        try:
-            ns = self.core.read_namespace(namespace)
-            labels: Mapping[str, str] = ns.metadata.labels or {}
+        try:  # a plain GET: the grouper's first pass need not wait for CoreV1Api's import
+            ns = rawapi.request_json(self.api, "GET", f"/api/v1/namespaces/{namespace}")
+            labels: Mapping[str, str] = (ns.get("metadata") or {}).get("labels") or {}
         except ApiException:
             labels = {}
         self._namespaces[namespace] = (time.monotonic(), labels)

@@ -43,6 +43,7 @@ from kai_ray.core.result import Bind, CycleResult
 from kai_ray.grouping import admission
 from kai_ray.k8s import convert, rawapi
 from kai_ray.k8s.cache import PG_GROUP, PG_PLURAL, PG_VERSION
+from kai_ray.k8s.client import LazyCoreV1Api
 from kai_ray.k8s.events import EventRecorder
 from kai_ray.k8s.fencing import MIN_LEASE_LEFT_S, Fenced, fenced_timeout
 from kai_ray.k8s.provisional import WAITING, ProvisionalGroups, is_provisional, written_form
@@ -113,7 +114,7 @@ class Binder:
         them a rate limit of their own, as KAI's binder is a process of its own."""
         self.api = api
         self.bind_api = bind_api or api
-        self.core = client.CoreV1Api(api)
+        self.core = LazyCoreV1Api(api)  # its import is slow: made on first use
         self.custom = client.CustomObjectsApi(api)
         self.events = events
         self.config = config or BinderConfig()

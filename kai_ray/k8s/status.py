@@ -16,6 +16,7 @@ from kubernetes.client.rest import ApiException
 from kai_ray.core.result import CycleResult, JobStatus, QueueShare
 from kai_ray.k8s import convert, rawapi
 from kai_ray.k8s.cache import PG_GROUP, PG_PLURAL, PG_VERSION, Q_GROUP, Q_PLURAL, Q_VERSION
+from kai_ray.k8s.client import LazyCoreV1Api
 from kai_ray.k8s.events import EventRecorder
 from kai_ray.k8s.provisional import is_provisional
 
@@ -61,7 +62,7 @@ class StatusWriter:
     def __init__(self, api: client.ApiClient, events: EventRecorder, workers: int = 8) -> None:
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="status")
         self.api = api
-        self.core = client.CoreV1Api(api)
+        self.core = LazyCoreV1Api(api)  # its import is slow: made on first use
         self.custom = client.CustomObjectsApi(api)
         self.events = events
         self.queue_status: dict[str, Obj] = {}
