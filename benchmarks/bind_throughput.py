@@ -37,6 +37,7 @@ import argparse
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -344,11 +345,33 @@ def main() -> int:
     parser.add_argument("--apiserver-profile-s", type=int, default=20)
     parser.add_argument("--profile-gil", action="store_true",
                         help="sample only the thread holding the GIL (Python CPU, not waits)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="run the schedulers this many times, taking turns (kai, kube, kai, "
+                        "kube, ...), and end with each one's median: single runs of the same "
+                        "code vary by about 15 %% on the 2-core machine")
     args = parser.parse_args()
-    for s in schedulers(args):
-        print(f"== {s}", file=sys.stderr)
-        print(json.dumps(run(s, args)), flush=True)
+    results: dict[str, list[dict]] = {}
+    for r in range(args.rounds):
+        for s in schedulers(args):
+            print(f"== {s}" + (f" (round {r + 1}/{args.rounds})" if args.rounds > 1 else ""),
+                  file=sys.stderr)
+            result = run(s, args)
+            results.setdefault(s, []).append(result)
+            print(json.dumps(result), flush=True)
+    if args.rounds > 1:
+        for s, runs in results.items():
+            print(json.dumps(median_of(s, runs)), flush=True)
     return 0
+
+
+def median_of(scheduler: str, runs: list[dict]) -> dict:
+    """The median of each rate over `runs`, with every run's value beside it."""
+    out: dict = {"scheduler": scheduler, "median_of_runs": len(runs)}
+    for key in ("pods_per_s_e2e", "pods_per_s_bind", "first_bind_s", "seconds"):
+        values = [r[key] for r in runs if r.get(key) is not None]
+        out[key] = statistics.median(values) if values else None
+        out[f"{key}_runs"] = values
+    return out
 
 
 if __name__ == "__main__":
