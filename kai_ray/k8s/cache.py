@@ -4,12 +4,13 @@
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from typing import Any
 
 import orjson
@@ -18,7 +19,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
-from kai_ray.core.model import Job, Node, PodStatus, Snapshot
+from kai_ray.core.model import Job, Node, Pod, PodStatus, Snapshot
 from kai_ray.core.queuetree import queue_cycles
 from kai_ray.k8s import convert, rawapi, trim
 from kai_ray.k8s.provisional import ProvisionalGroups
@@ -217,6 +218,34 @@ def backoff_delay(failures: int, base: float = 0.25, cap: float = 4.0) -> float:
     return step / 2 + random.random() * step / 2
 
 
+class PodReads:
+    """Pods read into the core's model (`convert.pod_from`), kept from one snapshot to the
+    next: a pod the watch has not replaced since (the very same object; the cache never edits
+    a pod in place) with the same bind-intent entry is not read again. Reading every pod again
+    was most of a snapshot's time, and between two cycles few pods change."""
+
+    def __init__(self) -> None:
+        self._held: dict[str, tuple[Obj, dict[str, Any] | None, Pod]] = {}
+        self._seen: set[str] = set()
+
+    def read(self, pod: Obj, intent: Mapping[str, Any] | None) -> Pod:
+        key = _key(pod)
+        self._seen.add(key)
+        held = self._held.get(key)
+        if held is not None and held[0] is pod and held[1] == intent:
+            return held[2]
+        made = convert.pod_from(pod, intent)  # raises on a bad pod: nothing kept
+        self._held[key] = (pod, copy.deepcopy(dict(intent)) if intent is not None else None,
+                           made)
+        return made
+
+    def forget_unseen(self) -> None:
+        """Drop what the snapshot just taken did not read (pods gone, or left out)."""
+        for key in self._held.keys() - self._seen:
+            del self._held[key]
+        self._seen = set()
+
+
 class ClusterCache:
     """Nodes, pods, PodGroups, Queues and PriorityClasses, and the snapshot built from them."""
 
@@ -246,6 +275,7 @@ class ClusterCache:
         self.arrivals = threading.Event()
         # bare pods' PodGroups the grouper has not written (kai_ray.k8s.provisional)
         self.provisional = ProvisionalGroups()
+        self.pod_reads = PodReads()  # the snapshot's, kept between cycles
         # each kind trimmed to what the scheduler reads (kai_ray.k8s.trim): ~7x less per pod
         self.nodes = Informer("nodes", nodes, self._touch, transform=trim.trim_node)
         self.pods = Informer("pods", pods, self._pod_changed, transform=trim.trim_pod)
@@ -387,7 +417,8 @@ class ClusterCache:
                 except _BAD as e:  # a hand-edited demand annotation
                     problems.append(_problem("PodGroup", pg, e, "metadata.annotations"))
                     continue
-            job, left_out = _job_or_problems(pg, members, classes, default, problems)
+            job, left_out = _job_or_problems(pg, members, classes, default, problems,
+                                             self.pod_reads.read)
             intent = convert.bind_intent(pg) if left_out else {}
             for pod in left_out:  # what they hold (or their intent holds) on nodes stays held
                 at, groups = _intent_place(pod, intent)
@@ -437,6 +468,7 @@ class ClusterCache:
                 "queues under it run nothing until one spec.parentQueue on the cycle changes",
                 uid=str(((self.queues.get(name) or {}).get("metadata") or {}).get("uid")
                         or "")))
+        self.pod_reads.forget_unseen()
         return Snapshot(tuple(nodes), tuple(queues), tuple(jobs),
                         tuple(classes.items())), problems, podgroups
 
@@ -554,13 +586,14 @@ def _count_unshared_devices(foreign: dict[str, list[int]], jobs: list[Job],
 
 
 def _job_or_problems(pg: Obj, members: list[Obj], classes: dict[str, int],
-                     default: int | None, problems: list[convert.Problem]
+                     default: int | None, problems: list[convert.Problem],
+                     read_pod: convert.PodReader | None = None
                      ) -> tuple[Job | None, list[Obj]]:
     """(the job of `pg`, the members left out of it). A member pod that cannot be read is a
     Problem of its own and left out; a PodGroup that cannot be read is one Problem (no job,
     every member left out)."""
     try:
-        return convert.job_from(pg, members, classes, default), []
+        return convert.job_from(pg, members, classes, default, read_pod), []
     except _BAD as e:
         error: Exception = e
     good: list[Obj] = []
@@ -575,7 +608,7 @@ def _job_or_problems(pg: Obj, members: list[Obj], classes: dict[str, int],
         good.append(pod)
     if bad:
         try:
-            return convert.job_from(pg, good, classes, default), bad
+            return convert.job_from(pg, good, classes, default, read_pod), bad
         except _BAD as e:
             error = e
     problems.append(_problem("PodGroup", pg, error, "spec"))

@@ -11,7 +11,7 @@ import dataclasses
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
@@ -472,8 +472,13 @@ def job_key(namespace: str, name: str) -> str:
     return f"{namespace}/{name}"
 
 
+PodReader = Callable[[Obj, "Mapping[str, Any] | None"], Pod]
+
+
 def job_from(pg: Obj, pods: Iterable[Obj], classes: Mapping[str, int],
-             default_priority: int | None) -> Job:
+             default_priority: int | None, read_pod: PodReader | None = None) -> Job:
+    """`read_pod`: `pod_from`, or one that gives back what it read before (the cache's)."""
+    read = read_pod or pod_from
     m = meta(pg)
     spec = pg.get("spec") or {}
     ann = m.get("annotations") or {}
@@ -520,7 +525,7 @@ def job_from(pg: Obj, pods: Iterable[Obj], classes: Mapping[str, int],
         queue=queue,
         priority=priority_of(spec.get("priorityClassName"), classes, default_priority),
         # an entry out of shape is no intent here (the binder drops it next cycle)
-        pods=tuple(pod_from(p, e if isinstance(e := intent.get(meta(p)["name"]), dict) else None)
+        pods=tuple(read(p, e if isinstance(e := intent.get(meta(p)["name"]), dict) else None)
                    for p in pods),
         min_member=_min_member(spec.get("minMember"), "spec.minMember"),
         created=timestamp(m.get("creationTimestamp")),
