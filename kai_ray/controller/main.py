@@ -143,9 +143,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         log.info("health on %s/healthz and /readyz", health_server.url)
     log.info("listing the cluster into the watch cache")
     # the first list is millions of acyclic JSON objects that live as long as the cache:
-    # collecting while they arrive (each generation-2 pass walks all of them again) tripled
-    # the sync's CPU, and frozen they are never walked again (freed by refcount as events
-    # replace them)
+    # collecting while they arrive (each generation-2 pass walks all of them again) doubled
+    # the sync's CPU (benchmarks/cache_parse.py), and frozen they are never walked again
+    # (freed by refcount as events replace them)
     gc.disable()
     try:
         cache.start()

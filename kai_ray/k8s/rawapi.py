@@ -39,10 +39,15 @@ def _send(api: client.ApiClient, method: str, path: str, body: Any, content_type
                                      auth_settings=["BearerToken"])
     resp = api.call_api(*serialized, _request_timeout=timeout)
     data: bytes = resp.read()
+    _raise_unless_ok(resp, data)
+    return data
+
+
+def _raise_unless_ok(resp: Any, data: bytes) -> None:
+    """ApiException, as the generated client raises it, for a non-2xx answer."""
     if not 200 <= resp.status <= 299:
         raise ApiException.from_response(http_resp=resp, body=data.decode("utf-8", "replace"),
                                          data=None)
-    return data
 
 
 def bind(api: client.ApiClient, namespace: str, name: str, uid: str | None, node: str,
@@ -121,9 +126,7 @@ def lister(api: client.ApiClient, path: str) -> Callable[..., Any]:
                                          auth_settings=["BearerToken"])
         resp = api.call_api(*serialized, _request_timeout=_request_timeout)
         if not 200 <= resp.status <= 299:
-            data: bytes = resp.read()
-            raise ApiException.from_response(http_resp=resp,
-                                             body=data.decode("utf-8", "replace"), data=None)
+            _raise_unless_ok(resp, resp.read())
         return resp.response
 
     return call
