@@ -86,24 +86,21 @@ def main() -> int:
     args = parser.parse_args()
     listed = pages(args.pods)
     others = [copy.deepcopy(orjson.loads(p)) for p in listed[:4]]  # the cache's other kinds
-    times: dict[str, list[float]] = {"gc on": [], "gc off": [], "gc on, frozen before": []}
-    for _ in range(args.repeat):
+    def measured(mode: str) -> float:
         gc.collect()
-        seconds, kept = list_once(listed)
-        times["gc on"].append(seconds)
-        del kept
-        gc.collect()
-        gc.disable()
-        seconds, kept = list_once(listed)
-        gc.enable()
-        times["gc off"].append(seconds)
-        del kept
-        gc.collect()
-        gc.freeze()
-        seconds, kept = list_once(listed)
-        gc.unfreeze()
-        times["gc on, frozen before"].append(seconds)
-        del kept
+        if mode == "gc off":
+            gc.disable()
+        elif mode == "gc on, frozen before":
+            gc.freeze()
+        try:
+            seconds, _ = list_once(listed)
+        finally:
+            gc.enable()
+            gc.unfreeze()
+        return seconds
+
+    modes = ("gc on", "gc off", "gc on, frozen before")
+    times = {mode: [measured(mode) for _ in range(args.repeat)] for mode in modes}
     print(f"{args.pods} pods, {len(listed)} pages of {PAGE}, {len(others)} pages kept alive; "
           f"median of {args.repeat}")
     for name, values in times.items():
