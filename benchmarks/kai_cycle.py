@@ -26,7 +26,6 @@ import argparse
 import json
 import os
 import pathlib
-import shutil
 import statistics
 import subprocess
 import sys
@@ -34,10 +33,16 @@ import tempfile
 import time
 from typing import Any
 
-from kai_ray.core.model import Job, PodStatus, Snapshot
+from kai_ray.core.model import PodStatus, Snapshot
 from kai_ray.sim.synthetic import cluster
+from kai_ray.testing.kai_harness import (
+    HarnessMissing,
+    build_harness,
+    harness_dir,
+    kai_version,
+    snapshot_json,
+)
 
-HARNESS = pathlib.Path(__file__).resolve().parent / "kai_go"
 ACTIONS = ("allocate", "consolidation", "reclaim", "preempt", "stalegangeviction")
 PREFIX = "KAI_CYCLE_RESULT "
 
@@ -63,7 +68,10 @@ def main() -> int:
         parser.error(f"--kai-source: {args.kai_source} has no go.mod")
     if args.timeout is not None and args.timeout <= 0:
         parser.error("--timeout must be > 0")
-    binary = build_harness(args.kai_source)
+    try:
+        binary = build_harness(args.kai_source)
+    except HarnessMissing as err:
+        raise SystemExit(f"kai_cycle: {err}") from err
     source = f" replaced by {args.kai_source.resolve()}" if args.kai_source else ""
     print(f"KAI-scheduler {kai_version()}{source}, actions {', '.join(args.actions)}; "
           f"params {os.environ.get('KAI_CYCLE_PARAMS') or 'scheduler'}"
@@ -90,93 +98,6 @@ def main() -> int:
     return 0
 
 
-def snapshot_json(snap: Snapshot) -> dict[str, Any]:
-    """The cluster in the harness's schema; raises ValueError naming what KAI's test utilities
-    cannot express."""
-    priorities = {q.priority for q in snap.queues}
-    if len(priorities) > 1:
-        raise ValueError(f"queues: different priorities {sorted(priorities)} (not mapped)")
-    queues = []
-    for q in sorted(snap.queues, key=lambda q: q.created):
-        for field in ("cpu", "memory"):
-            quota = getattr(q, field)
-            if quota.quota != -1 or quota.limit != -1:
-                raise ValueError(f"queue {q.name}: {field} quota/limit must be unlimited (-1)")
-        if q.gpu.limit == 0:
-            raise ValueError(f"queue {q.name}: gpu.limit 0 means unlimited in KAI's test utilities")
-        queues.append({"name": q.name, "parent": q.parent or "", "gpu_quota": q.gpu.quota,
-                       "gpu_limit": q.gpu.limit, "gpu_over_quota_weight": q.gpu.weight})
-    return {
-        "nodes": [{"name": n.name, "cpu_m": n.cpu_m, "memory": n.memory, "gpus": n.gpus,
-                   "gpu_memory_mib": n.gpu_memory_mib, "max_pods": n.max_pods}
-                  for n in snap.nodes],
-        "queues": queues,
-        "jobs": [job_json(j) for j in snap.jobs],
-    }
-
-
-def job_json(job: Job) -> dict[str, Any]:
-    req = job.pods[0].request
-    if job.subgroups or job.stale_since is not None:
-        raise ValueError(f"job {job.name}: subgroups / stale_since are not mapped")
-    if job.preemptible is not None and job.preemptible != (job.priority < 100):
-        raise ValueError(f"job {job.name}: preemptible must follow priority (< 100) in KAI")
-    if req.gpu_memory_mib or req.fraction_devices != 1:
-        raise ValueError(f"job {job.name}: request.gpu_memory_mib / fraction_devices not mapped")
-    pods = []
-    for pod in job.pods:
-        if pod.request != req:
-            raise ValueError(f"job {job.name} pod {pod.name}: request differs from the job's "
-                             "first pod (KAI's test jobs are homogeneous)")
-        if (pod.node_selector or pod.tolerations or pod.node_affinity is not None
-                or pod.replica or pod.task_priority is not None):
-            raise ValueError(f"job {job.name} pod {pod.name}: placement constraints not mapped")
-        if pod.status not in (PodStatus.PENDING, PodStatus.RUNNING):
-            raise ValueError(f"job {job.name} pod {pod.name}: status {pod.status} not mapped")
-        pods.append({"name": pod.name, "status": str(pod.status), "node": pod.node or "",
-                     "gpu_groups": list(pod.gpu_groups)})
-    return {"name": job.name, "queue": job.queue, "priority": job.priority,
-            "min_member": job.min_member, "created": job.created,
-            "request": {"cpu_m": req.cpu_m, "memory": req.memory, "gpus": req.gpus,
-                        "gpu_fraction_milli": req.gpu_fraction_milli},
-            "pods": pods}
-
-
-def build_harness(kai_source: pathlib.Path | None) -> pathlib.Path:
-    go = shutil.which("go")
-    if go is None:
-        raise SystemExit("kai_cycle: `go` is not on PATH; the KAI harness needs Go >= 1.24 "
-                         "(https://go.dev/dl) and the Go module proxy")
-    cache = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache"))
-    binary = cache / "kai-ray" / "kai_cycle.test"
-    binary.parent.mkdir(parents=True, exist_ok=True)
-    source = HARNESS
-    if kai_source is not None:
-        # a copy of the harness whose go.mod points at the source tree
-        source = binary.parent / "kai_go_replaced"
-        shutil.rmtree(source, ignore_errors=True)
-        shutil.copytree(HARNESS, source)
-        with open(source / "go.mod", "a") as mod:
-            mod.write(f"\nreplace github.com/NVIDIA/KAI-scheduler => {kai_source.resolve()}\n")
-        binary = binary.with_name("kai_cycle_replaced.test")
-    print("building the KAI harness (go test -c; the first build downloads and compiles "
-          "KAI-scheduler and Kubernetes: several minutes)...", file=sys.stderr)
-    start = time.perf_counter()
-    done = subprocess.run(["nice", "-n", "10", go, "test", "-c", "-o", str(binary), "."],
-                          cwd=source, stderr=subprocess.PIPE, text=True)
-    if done.returncode != 0:
-        raise SystemExit(f"kai_cycle: building {source} failed:\n{done.stderr}")
-    print(f"  built in {time.perf_counter() - start:.0f} s", file=sys.stderr)
-    return binary
-
-
-def kai_version() -> str:
-    for line in (HARNESS / "go.mod").read_text().splitlines():
-        if "github.com/NVIDIA/KAI-scheduler " in line:
-            return line.split()[-1] if "//" not in line else line.split("//")[0].split()[-1]
-    return "?"
-
-
 def run_harness(binary: pathlib.Path, path: pathlib.Path, repeat: int,
                 decisions: pathlib.Path | None, timeout: float | None,
                 actions: list[str]) -> list[dict[str, Any]]:
@@ -190,7 +111,7 @@ def run_harness(binary: pathlib.Path, path: pathlib.Path, repeat: int,
         env["KAI_CYCLE_TIMEOUT"] = str(timeout)
     print(f"  running KAI on {path.name} x{repeat}...", file=sys.stderr)
     proc = subprocess.Popen([str(binary), "-test.run", "^TestKAICycle$", "-test.v",
-                             "-test.timeout", "0"], cwd=HARNESS, env=env,
+                             "-test.timeout", "0"], cwd=harness_dir(), env=env,
                             stdout=subprocess.PIPE, text=True)
     assert proc.stdout is not None
     runs, other = [], []

@@ -61,8 +61,9 @@ type Request struct {
 	GPUFractionMilli int   `json:"gpu_fraction_milli"`
 }
 
-// Pod: status "Pending" or "Running" (then node is set); gpu_groups names the shared device of
-// a running fractional pod (pods with the same group share one GPU).
+// Pod: status "Pending", "Running" or "Releasing" (then node is set: a releasing pod is being
+// deleted and still holds its resources); gpu_groups names the shared device of a placed
+// fractional pod (pods with the same group share one GPU).
 type Pod struct {
 	Name      string   `json:"name"`
 	Status    string   `json:"status"`
@@ -136,12 +137,12 @@ func (c *Cluster) validate() error {
 				if p.Node != "" {
 					return fmt.Errorf("job %s pod %s: a pending pod has node %q", j.Name, p.Name, p.Node)
 				}
-			case "Running":
+			case "Running", "Releasing":
 				if !nodes[p.Node] {
 					return fmt.Errorf("job %s pod %s: node %q is not a node", j.Name, p.Name, p.Node)
 				}
 			default:
-				return fmt.Errorf("job %s pod %s: status %q (Pending or Running)", j.Name, p.Name, p.Status)
+				return fmt.Errorf("job %s pod %s: status %q (Pending, Running or Releasing)", j.Name, p.Name, p.Status)
 			}
 		}
 	}
@@ -200,8 +201,11 @@ func (c *Cluster) Topology() test_utils.TestTopologyBasic {
 		}
 		for _, p := range j.Pods {
 			task := &tasks_fake.TestTaskBasic{State: pod_status.Pending}
-			if p.Status == "Running" {
+			if p.Status == "Running" || p.Status == "Releasing" {
 				task.State = pod_status.Running
+				if p.Status == "Releasing" {
+					task.State = pod_status.Releasing
+				}
 				task.NodeName = p.Node
 				task.GPUGroups = append([]string(nil), p.GPUGroups...)
 			}

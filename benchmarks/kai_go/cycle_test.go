@@ -85,8 +85,8 @@ type runResult struct {
 }
 
 type decisions struct {
-	Binds     [][]string `json:"binds"` // pod, node, gpu groups...
-	Pipelined [][]string `json:"pipelined"`
+	Binds     [][]string `json:"binds"`     // pod, node, gpu groups...
+	Pipelined [][]string `json:"pipelined"` // pod, node, gpu groups...
 	Evictions []string   `json:"evictions"`
 }
 
@@ -326,7 +326,8 @@ func expectCounted(mock *cache.MockCache, count *counter) {
 	mock.EXPECT().TaskPipelined(gomock.Any(), gomock.Any()).Do(
 		func(pod *pod_info.PodInfo, _ string) {
 			count.pipelined++
-			count.log.Pipelined = append(count.log.Pipelined, []string{pod.Name, pod.NodeName})
+			count.log.Pipelined = append(count.log.Pipelined,
+				append([]string{pod.Name, pod.NodeName}, pod.GPUGroups...))
 		}).AnyTimes()
 }
 

@@ -197,8 +197,14 @@ def sharing_bonus_on(sess: Session, task: Task, node: int) -> bool:
     if sess.config.placement.gpu == "spread" or task.req.gpus:
         return False
     cost = sess.device_cost(task.req, node) if task.req.is_shared else 0
-    return any(g.used < MILLI and MILLI - g.used + g.releasing - cost >= 0
-               for g in sess.groups[node].values())
+    return any(_joinable(g.used, g.releasing, cost) for g in sess.groups[node].values())
+
+
+def _joinable(used: int, releasing: int, cost: int) -> bool:
+    """KAI's `IsTaskFitOnGpuGroup`: a shared device some sharer still holds (not all of it
+    releasing) with room for `cost`, releasing room counted. A full device qualifies for a
+    request of 0 (a CPU-only pod): KAI's gpusharingorder scores those nodes too."""
+    return releasing < used and MILLI - used + releasing - cost >= 0
 
 
 def sticky_allowed(sess: Session, task: Task) -> bool:
@@ -252,11 +258,11 @@ def _cost_vector(sess: Session, task: Task) -> npt.NDArray[np.int64]:
 
 
 def _sharing_bonus(sess: Session, task: Task, fits: BoolArray) -> npt.NDArray[np.float64]:
-    """1 where a partly used shared device of the node fits the task (gpusharingorder)."""
+    """1 where a shared device of the node can take the task (gpusharingorder; `_joinable`)."""
     cost = _cost_vector(sess, task)[:, None]
-    partly = sess.dev_on & (sess.dev_used < MILLI) & (MILLI - sess.dev_used + sess.dev_rel - cost
-                                                       >= 0)
-    return (partly.any(axis=1) & fits).astype(np.float64)
+    joinable = (sess.dev_on & (sess.dev_rel < sess.dev_used)
+                & (MILLI - sess.dev_used + sess.dev_rel - cost >= 0))
+    return (joinable.any(axis=1) & fits).astype(np.float64)
 
 
 def choose_devices(sess: Session, task: Task, node: int) -> tuple[tuple[str, ...],
@@ -452,7 +458,7 @@ def _binpack_fraction(sess: Session, task: Task, cand: npt.NDArray[np.intp]) -> 
     cost = task.req.gpu_fraction_milli
     if not cost or sess.config.placement.gpu == "spread" or not sess.free_counts:
         return None
-    sharing = np.flatnonzero(sess.share_room_at >= cost)  # all among `cand`
+    sharing = np.flatnonzero(sess.dev_room_at >= cost)  # all among `cand`
     if len(sharing):
         picked, settled = _walk_array(sess, task, sharing)
         if picked is not None or not settled:

@@ -413,7 +413,6 @@ class NodeScalars:
         # the GPU room index (see `Session._index_gpu_room`)
         self.gpu_free_at = [-1] * count
         self.dev_room_at = [-1] * count
-        self.share_room_at = [-1] * count
         self.idle_at = [0] * count  # idle whole GPUs (cap_gpu - used_gpu), with the index
         self.counted = [False] * count
         # each node's shared devices as the device arrays hold them (slot order), used and
@@ -426,8 +425,8 @@ class _Views:
     """Memoryviews of the per-node arrays written one node at a time: a memoryview's item
     write is about half the work of an ndarray's. The arrays are only ever written in place."""
 
-    __slots__ = ("dev_room_at", "gpu_free_at", "rel_cpu", "rel_gpu", "rel_mem", "share_room_at",
-                 "used_cpu", "used_gpu", "used_mem", "used_pods")
+    __slots__ = ("dev_room_at", "gpu_free_at", "rel_cpu", "rel_gpu", "rel_mem", "used_cpu",
+                 "used_gpu", "used_mem", "used_pods")
 
     def __init__(self, sess: Session) -> None:
         self.used_cpu = sess.used_cpu.data
@@ -439,7 +438,6 @@ class _Views:
         self.rel_gpu = sess.rel_gpu.data
         self.gpu_free_at = sess.gpu_free_at.data
         self.dev_room_at = sess.dev_room_at.data
-        self.share_room_at = sess.share_room_at.data
 
 
 class _Load:
@@ -501,7 +499,6 @@ class Session:
         # the GPU room index's arrays, filled by `_index_gpu_room`
         self.gpu_free_at = np.full(count, -1, dtype=np.int64)
         self.dev_room_at = np.full(count, -1, dtype=np.int64)
-        self.share_room_at = np.full(count, -1, dtype=np.int64)
         self.views = _Views(self)
         self.at = NodeScalars(self)
         self.undo: list[tuple[object, ...]] = []
@@ -734,11 +731,6 @@ class Session:
         live = self.dev_on & (self.dev_rel < self.dev_used)
         room = np.where(live, MILLI - self.dev_used + self.dev_rel, -1)
         self.dev_room_at[:] = np.where(self.schedulable, room.max(axis=1), -1)
-        # the most room (releasing counted) on a device that is not full: the binpack sharing
-        # bonus goes to nodes where this fits the pod
-        partly = np.where(self.dev_on & (self.dev_used < MILLI),
-                          MILLI - self.dev_used + self.dev_rel, -1)
-        self.share_room_at[:] = np.where(self.schedulable, partly.max(axis=1), -1)
         self.free_counts: dict[int, int] = {}
         # the same nodes by free GPUs (1 or more: the full ones, most nodes of a busy cluster,
         # are never candidates), each list in node order: a whole-GPU pod's candidates
@@ -762,7 +754,6 @@ class Session:
         for node, most in enumerate(self.at.dev_room_at):
             if most > 0:
                 self.by_room.setdefault(most, set()).add(node)
-        self.at.share_room_at = self.share_room_at.tolist()
         self.at.counted = gpu_nodes.tolist()
         self.indexed = True
 
@@ -795,15 +786,13 @@ class Session:
             at.idle_at[node] = idle
         if not devices:
             return
-        # the most room on a live device (not entirely releasing), and on one not full; one
-        # loop (builtin max over generators is a Python-level call each)
-        room = share = -1
+        # the most room on a live device (not entirely releasing); a loop (builtin max over a
+        # generator is a Python-level call each)
+        room = -1
         for g in self.groups[node].values():
             free = MILLI - g.used + g.releasing
             if g.releasing < g.used and free > room:
                 room = free
-            if g.used < MILLI and free > share:
-                share = free
         old_room = at.dev_room_at[node]
         if room != old_room:
             if old_room > 0:
@@ -815,9 +804,6 @@ class Session:
                 self.by_room.setdefault(room, set()).add(node)
             at.dev_room_at[node] = room
             self.views.dev_room_at[node] = room
-        if share != at.share_room_at[node]:
-            at.share_room_at[node] = share
-            self.views.share_room_at[node] = share
 
     def _refresh_gpu(self, node: int, devices: bool = True) -> None:
         """Recount the node's GPUs and mirror its shared devices into the device arrays

@@ -442,9 +442,7 @@ pub fn sharing_bonus_on(sess: &Session, task: usize, node: i32) -> bool {
         return false;
     }
     let cost = if req.is_shared() { sess.device_cost(req, node) } else { 0 };
-    sess.groups[node as usize]
-        .iter()
-        .any(|g| g.used < MILLI && MILLI - g.used + g.releasing - cost >= 0)
+    sess.groups[node as usize].iter().any(|g| joinable(g, cost))
 }
 
 /// Whether the binpack fast path applies (common.rs).
@@ -531,10 +529,17 @@ fn cost_at(sess: &Session, req: &crate::model::Request, n: usize) -> i64 {
     }
 }
 
-/// A partly used shared device of the node fits the task (gpusharingorder).
+/// A shared device of the node can take the task (gpusharingorder; `joinable`).
 fn partly_fits(sess: &Session, req: &crate::model::Request, n: usize) -> bool {
     let cost = cost_at(sess, req, n);
-    sess.groups[n].iter().any(|g| g.used < MILLI && MILLI - g.used + g.releasing - cost >= 0)
+    sess.groups[n].iter().any(|g| joinable(g, cost))
+}
+
+/// KAI's `IsTaskFitOnGpuGroup`: a shared device some sharer still holds (not all of it
+/// releasing) with room for `cost`, releasing room counted; a full one qualifies for a request
+/// of 0 (a CPU-only pod).
+fn joinable(g: &crate::state::Group, cost: i64) -> bool {
+    g.releasing < g.used && MILLI - g.used + g.releasing - cost >= 0
 }
 
 /// Shared devices for a fractional task on `node`: (groups, new groups, all on idle).
@@ -785,10 +790,8 @@ fn binpack_fraction(sess: &mut Session, task: usize, cand: &[i32]) -> Option<Cho
     if cost == 0 || sess.config.gpu_spread || sess.free_counts.is_empty() {
         return None;
     }
-    let sharing: Vec<i32> = (0..sess.nodes.len())
-        .filter(|&n| sess.share_room_at[n] >= cost)
-        .map(|n| n as i32)
-        .collect();
+    let sharing: Vec<i32> =
+        (0..sess.nodes.len()).filter(|&n| sess.dev_room_at[n] >= cost).map(|n| n as i32).collect();
     if !sharing.is_empty() {
         let (picked, settled) = walk_array(sess, task, &sharing);
         if picked.is_some() || !settled {

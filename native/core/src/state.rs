@@ -276,7 +276,6 @@ pub struct Session {
     pub indexed: bool,
     pub gpu_free_at: Vec<i64>,
     pub dev_room_at: Vec<i64>,
-    pub share_room_at: Vec<i64>,
     pub idle_at: Vec<i64>,
     pub counted: Vec<bool>,
     pub free_counts: BTreeMap<i64, i64>,
@@ -421,7 +420,6 @@ impl Session {
             indexed: false,
             gpu_free_at: vec![-1; count],
             dev_room_at: vec![-1; count],
-            share_room_at: vec![-1; count],
             idle_at: vec![0; count],
             counted: vec![false; count],
             free_counts: BTreeMap::new(),
@@ -880,13 +878,10 @@ impl Session {
             if !self.schedulable[n] {
                 self.gpu_free_at[n] = -1;
                 self.dev_room_at[n] = -1;
-                self.share_room_at[n] = -1;
                 continue;
             }
             self.gpu_free_at[n] = self.cap_gpu[n] - self.used_gpu[n] + self.rel_gpu[n];
-            let (room, share) = device_rooms(&self.groups[n]);
-            self.dev_room_at[n] = room;
-            self.share_room_at[n] = share;
+            self.dev_room_at[n] = device_room(&self.groups[n]);
         }
         for n in 0..count {
             let gpu_node = self.schedulable[n] && self.cap_gpu[n] > 0;
@@ -951,7 +946,7 @@ impl Session {
         if !devices {
             return;
         }
-        let (room, share) = device_rooms(&self.groups[n]);
+        let room = device_room(&self.groups[n]);
         let old_room = self.dev_room_at[n];
         if room != old_room {
             if old_room > 0 {
@@ -967,7 +962,6 @@ impl Session {
             }
             self.dev_room_at[n] = room;
         }
-        self.share_room_at[n] = share;
     }
 
     /// Recount the node's GPUs (`devices` false: its shared devices did not change).
@@ -1519,19 +1513,16 @@ pub fn pending_queue_amount(req: &Request) -> Amounts {
     [req.cpu_m as f64, req.memory as f64, gpu]
 }
 
-/// The most room on a live device (not entirely releasing), and on one not full (-1: none).
-fn device_rooms(groups: &[Group]) -> (i64, i64) {
-    let (mut room, mut share) = (-1i64, -1i64);
+/// The most room on a live device (not entirely releasing; -1: none).
+fn device_room(groups: &[Group]) -> i64 {
+    let mut room = -1i64;
     for g in groups {
         let free = MILLI - g.used + g.releasing;
         if g.releasing < g.used && free > room {
             room = free;
         }
-        if g.used < MILLI && free > share {
-            share = free;
-        }
     }
-    (room, share)
+    room
 }
 
 #[derive(Default)]

@@ -1,0 +1,417 @@
+"""Differential fuzzer: kai_ray's core against KAI-Scheduler's own code, round by round.
+
+    python3 -m kai_ray.testing.kai_fuzz --seeds 2000 [--first 0] [--rounds 4] [--runs 3]
+                                        [--procs 8] [--core auto|python|native] [--keep DIR]
+    python3 -m kai_ray.testing.kai_fuzz --show SEED [--rounds 4]
+
+Each seed is a random small cluster (2-8 nodes of 0-8 GPUs; one or two top-level queues with
+one to three leaf queues each, with GPU quota, limit and over-quota weight; jobs of whole-GPU,
+fractional or CPU-only pods, gangs and elastic jobs, priorities that are preemptible (< 100) or
+not; some jobs already running, some of them releasing). Each round runs KAI v0.12.0's full
+cycle (allocate, consolidation, reclaim, preempt, stale-gang eviction; the Go harness in
+benchmarks/kai_go, built with KAI's test utilities) and kai_ray's `schedule()` on the same
+snapshot, and compares what each decided:
+
+- binds: pod -> node and GPU group (a group the snapshot already has keeps its name; a group
+  made this cycle is named by the order its first pod comes in, as KAI's ids are random);
+- pipelined pods: pod -> node (KAI's pods that the same cycle pipelines and then evicts again
+  count as not pipelined: they stay pending);
+- evictions of pods that were running.
+
+KAI's choices can differ between runs of one snapshot (Go map order), so KAI runs `--runs` times
+and ours must equal one of them. A round that matches is applied to make the next round's
+snapshot: bound pods run, evicted pods release (and are recreated pending a round later),
+pipelined pods stay pending. A seed stops at its first divergence, which is printed with the
+snapshot's file when `--keep` is given; a seed whose KAI runs all fail is an error.
+
+What KAI's test utilities cannot express is not generated (kai_ray.testing.kai_harness says what):
+sub-groups, gpu-memory requests, CPU and memory quotas, placement constraints, stale gangs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import json
+import os
+import pathlib
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from kai_ray.core.model import (
+    Job,
+    Node,
+    Pod,
+    PodStatus,
+    Queue,
+    Request,
+    ResourceQuota,
+    SchedulerConfig,
+    Snapshot,
+)
+from kai_ray.core.result import CycleResult
+from kai_ray.testing.kai_harness import build_harness, harness_dir, kai_version, snapshot_json
+
+GIB = 1 << 30
+OPEN = ResourceQuota(-1.0, -1.0, 1.0)
+
+
+# --- random clusters ---------------------------------------------------------------------------
+
+@dataclass
+class _Room:
+    """What a node has left while the generator places running pods."""
+
+    cpu_m: int
+    memory: int
+    pods: int
+    whole: int  # free GPUs
+    shared: dict[str, int] = field(default_factory=dict)  # group -> milli-GPU used
+    made: int = 0
+
+    def place(self, node: str, req: Request) -> tuple[str, ...] | None:
+        """The pod's GPU groups if it fits (and the room taken), else None."""
+        if req.cpu_m > self.cpu_m or req.memory > self.memory or self.pods < 1:
+            return None
+        groups: tuple[str, ...] = ()
+        if req.gpu_fraction_milli:
+            group = next((g for g, used in self.shared.items()
+                          if used + req.gpu_fraction_milli <= 1000), None)
+            if group is None:
+                if self.whole < 1:
+                    return None
+                self.whole -= 1
+                group = f"{node}-g{self.made}"
+                self.made += 1
+                self.shared[group] = 0
+            self.shared[group] += req.gpu_fraction_milli
+            groups = (group,)
+        elif req.gpus:
+            if req.gpus > self.whole:
+                return None
+            self.whole -= req.gpus
+        self.cpu_m -= req.cpu_m
+        self.memory -= req.memory
+        self.pods -= 1
+        return groups
+
+
+def random_snapshot(seed: int) -> Snapshot:
+    rng = random.Random(seed)
+    nodes = []
+    for i in range(rng.randint(2, 8)):
+        gpus = rng.choice((2, 4, 8)) if i == 0 else rng.choice((0, 2, 4, 4, 8))
+        nodes.append(Node(f"n{i}", cpu_m=rng.choice((16_000, 32_000, 64_000)),
+                          memory=rng.choice((64, 128, 256)) * GIB, gpus=gpus,
+                          gpu_memory_mib=81920, max_pods=rng.choice((4, 8, 110))))
+    total = sum(n.gpus for n in nodes)
+    queues: list[Queue] = []
+    leaves: list[str] = []
+    for d in range(rng.randint(1, 2)):
+        quota = float(rng.randint(0, total))
+        limit = rng.choice((-1.0, -1.0, quota + rng.randint(1, 4)))
+        # KAI's test departments weigh their over-quota share by their quota
+        queues.append(Queue(f"d{d}", gpu=ResourceQuota(quota, limit, quota), cpu=OPEN,
+                            memory=OPEN, created=float(d)))
+    for q in range(rng.randint(len(queues), 3 * len(queues))):
+        parent = queues[q % len([x for x in queues if x.parent is None])].name
+        quota = float(rng.choice((0, 0, 1, 2, 4, total // 2)))
+        limit = rng.choice((-1.0, -1.0, quota + rng.randint(1, 4)))
+        weight = float(rng.choice((0, 1, 1, 2, 3)))
+        leaves.append(f"q{q}")
+        queues.append(Queue(f"q{q}", parent=parent, gpu=ResourceQuota(quota, limit, weight),
+                            cpu=OPEN, memory=OPEN, created=float(q)))
+    rooms = {n.name: _Room(n.cpu_m, n.memory, n.max_pods, n.gpus) for n in nodes}
+    jobs = []
+    for j in range(rng.randint(2, 10)):
+        size = rng.choice((1, 1, 1, 2, 2, 3, 4))
+        cpu = rng.choice((500, 1000, 4000, 8000))
+        memory = rng.choice((1, 4, 16)) * GIB
+        kind = rng.random()
+        if kind < 0.15:
+            req = Request(cpu_m=cpu, memory=memory)
+        elif kind < 0.45:
+            req = Request(cpu_m=cpu, memory=memory,
+                          gpu_fraction_milli=rng.choice((250, 300, 500, 700)))
+        else:
+            req = Request(cpu_m=cpu, memory=memory, gpus=rng.choice((1, 1, 1, 2, 4)))
+        min_member = size if rng.random() < 0.75 else rng.randint(1, size)
+        name = f"j{j}"
+        placed: list[tuple[str, tuple[str, ...]]] = []
+        if rng.random() < 0.5:  # running: every pod, or an elastic job's minimum and more
+            want = size if min_member == size else rng.randint(min_member, size)
+            order = [n.name for n in nodes]
+            for _ in range(want):
+                rng.shuffle(order)
+                spot = next(((n, g) for n in order
+                             if (g := rooms[n].place(n, req)) is not None), None)
+                if spot is None:
+                    break
+                placed.append(spot)
+            if len(placed) < min_member:
+                placed = []  # (the room stays taken in `rooms`: later jobs see less than is free)
+        releasing = bool(placed) and rng.random() < 0.15
+        pods = []
+        for i in range(size):
+            if i < len(placed):
+                node, groups = placed[i]
+                status = PodStatus.RELEASING if releasing else PodStatus.RUNNING
+                pods.append(Pod(f"{name}-{i}", req, status=status, node=node, gpu_groups=groups,
+                                created=float(j)))
+            else:
+                pods.append(Pod(f"{name}-{i}", req, created=float(j)))
+        jobs.append(Job(name=name, queue=rng.choice(leaves),
+                        priority=rng.choice((50, 50, 100, 125)), pods=tuple(pods),
+                        min_member=min_member, created=float(j)))
+    return Snapshot(nodes=tuple(nodes), queues=tuple(queues), jobs=tuple(jobs))
+
+
+# --- decisions, compared -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Decisions:
+    binds: dict[str, tuple[str, tuple[str, ...]]]  # pod -> node, GPU groups (normalised)
+    pipelined: dict[str, str]  # pod -> node
+    evictions: frozenset[str]  # pods that were running
+    raw_groups: dict[str, tuple[str, ...]] = field(default_factory=dict, compare=False)
+
+    def diff(self, other: Decisions) -> list[str]:
+        """What differs, as lines: `self` is KAI, `other` kai_ray."""
+        lines = []
+        for what, mine, theirs in (("bind", self.binds, other.binds),
+                                   ("pipeline", self.pipelined, other.pipelined)):
+            for pod in sorted(set(mine) | set(theirs)):
+                if mine.get(pod) != theirs.get(pod):
+                    lines.append(f"{what} {pod}: KAI {mine.get(pod, '-')}, "
+                                 f"kai-ray {theirs.get(pod, '-')}")
+        for pod in sorted(self.evictions ^ other.evictions):
+            lines.append(f"evict {pod}: KAI {'yes' if pod in self.evictions else 'no'}, "
+                         f"kai-ray {'yes' if pod in other.evictions else 'no'}")
+        return lines
+
+
+def _pods(snap: Snapshot) -> dict[str, Pod]:
+    return {p.name: p for j in snap.jobs for p in j.pods}
+
+
+def _normalise(snap: Snapshot, binds: Iterable[tuple[str, str, Sequence[str]]]
+               ) -> dict[str, tuple[str, tuple[str, ...]]]:
+    pods = _pods(snap)
+    known = {g for p in pods.values() if p.node for g in p.gpu_groups}
+    fresh: dict[str, str] = {}
+    out = {}
+    for pod, node, groups in sorted(binds):
+        if not pods[pod].request.gpu_fraction_milli:
+            groups = ()  # a whole-GPU pod's devices are not a shared group
+        names = tuple(g if g in known else fresh.setdefault(g, f"new#{len(fresh)}")
+                      for g in groups)
+        out[pod] = (node, names)
+    return out
+
+
+def kai_decisions(snap: Snapshot, run: dict[str, Any]) -> Decisions:
+    pods = _pods(snap)
+    evicted = set(run.get("evictions") or ())
+    binds = [(b[0], b[1], b[2:]) for b in run.get("binds") or ()]
+    pipelined = {p[0]: p[1] for p in run.get("pipelined") or () if p[0] not in evicted}
+    running = {PodStatus.RUNNING, PodStatus.RELEASING}
+    return Decisions(binds=_normalise(snap, binds), pipelined=pipelined,
+                     evictions=frozenset(p for p in evicted if pods[p].status in running),
+                     raw_groups={b[0]: tuple(b[2:]) for b in run.get("binds") or ()})
+
+
+def our_decisions(snap: Snapshot, result: CycleResult) -> Decisions:
+    binds = [(b.pod, b.node, b.gpu_groups) for b in result.binds]
+    return Decisions(binds=_normalise(snap, binds),
+                     pipelined={p.pod: p.node for p in result.pipelined},
+                     evictions=frozenset(e.pod for e in result.evictions),
+                     raw_groups={b.pod: b.gpu_groups for b in result.binds})
+
+
+def next_snapshot(snap: Snapshot, decided: Decisions) -> Snapshot:
+    """The cluster a round later: bound pods run; evicted pods release; pods that were releasing
+    are gone, and their controllers have made them again, pending; pipelined pods stay pending
+    (a later cycle decides them again)."""
+    jobs = []
+    for job in snap.jobs:
+        pods = []
+        for pod in job.pods:
+            if pod.name in decided.binds:
+                pod = replace(pod, status=PodStatus.RUNNING, node=decided.binds[pod.name][0],
+                              gpu_groups=decided.raw_groups[pod.name])
+            elif pod.name in decided.evictions:
+                pod = replace(pod, status=PodStatus.RELEASING)
+            elif pod.status == PodStatus.RELEASING:
+                pod = replace(pod, status=PodStatus.PENDING, node=None, gpu_groups=())
+            pods.append(pod)
+        jobs.append(replace(job, pods=tuple(pods)))
+    return replace(snap, jobs=tuple(jobs))
+
+
+# --- running KAI and kai_ray -------------------------------------------------------------------
+
+def run_kai(binary: pathlib.Path, cases: dict[str, Snapshot], runs: int, procs: int,
+            workdir: pathlib.Path) -> dict[str, dict[str, Any]]:
+    """KAI's answers by case id, from `procs` harness processes side by side (each cycle of
+    the harness waits ~0.1 s for its cache mock's informers: waiting, not computing)."""
+    ids = sorted(cases)
+    chunks = [ids[i::procs] for i in range(procs) if ids[i::procs]]
+
+    def one(k: int, chunk: list[str]) -> list[dict[str, Any]]:
+        src, dst = workdir / f"in-{k}.jsonl", workdir / f"out-{k}.jsonl"
+        src.write_text("".join(json.dumps({"id": c, **snapshot_json(cases[c])}) + "\n"
+                               for c in chunk))
+        env = {**os.environ, "KAI_FUZZ_IN": str(src), "KAI_FUZZ_OUT": str(dst),
+               "KAI_FUZZ_RUNS": str(runs)}
+        done = subprocess.run([str(binary), "-test.run", "^TestKAIFuzz$", "-test.timeout", "0"],
+                              cwd=harness_dir(), env=env, capture_output=True, text=True,
+                              check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"the KAI harness failed on {src}:\n{done.stdout[-3000:]}"
+                               f"{done.stderr[-3000:]}")
+        return [json.loads(line) for line in dst.read_text().splitlines()]
+
+    answers: dict[str, dict[str, Any]] = {}
+    with concurrent.futures.ThreadPoolExecutor(len(chunks) or 1) as pool:
+        for part in pool.map(lambda kc: one(*kc), enumerate(chunks)):
+            answers.update((a["id"], a) for a in part)
+    return answers
+
+
+@dataclass
+class Outcome:
+    seed: int
+    rounds: int = 0  # rounds that matched
+    divergence: list[str] = field(default_factory=list)
+    diverged_round: int | None = None
+    kai_varied: int = 0  # rounds where KAI's runs differed among themselves
+    taken_back: int = 0  # pods KAI pipelined and evicted again in one cycle
+    decided: int = 0  # binds + pipelined + evictions agreed on
+    error: str | None = None
+
+
+def fuzz(seeds: Sequence[int], rounds: int = 4, runs: int = 3, procs: int = 8,
+         core: str = "auto", keep: pathlib.Path | None = None,
+         binary: pathlib.Path | None = None, progress: bool = True) -> list[Outcome]:
+    from kai_ray.core.schedule import schedule
+
+    binary = binary or build_harness()
+    outcomes = {s: Outcome(s) for s in seeds}
+    live = {s: random_snapshot(s) for s in seeds}
+    config = SchedulerConfig()
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(rounds):
+            if not live:
+                break
+            start = time.perf_counter()
+            answers = run_kai(binary, {f"{s}/{r}": snap for s, snap in live.items()}, runs,
+                              procs, pathlib.Path(tmp))
+            following = {}
+            for seed, snap in live.items():
+                out = outcomes[seed]
+                answer = answers[f"{seed}/{r}"]
+                if answer.get("error"):
+                    out.error = f"round {r}: the harness refused the snapshot: {answer['error']}"
+                    continue
+                theirs = [kai_decisions(snap, run) for run in answer["runs"]]
+                ours = our_decisions(snap, schedule(snap, config, now=0.0, core=core))
+                out.kai_varied += len(set(map(_key, theirs))) > 1
+                out.taken_back += sum(
+                    1 for p in set(answer["runs"][0].get("evictions") or ())
+                    if _pods(snap)[p].status == PodStatus.PENDING)
+                if ours in theirs:
+                    out.rounds += 1
+                    out.decided += len(ours.binds) + len(ours.pipelined) + len(ours.evictions)
+                    following[seed] = next_snapshot(snap, ours)
+                    continue
+                out.diverged_round = r
+                out.divergence = theirs[0].diff(ours)
+                if keep is not None:
+                    keep.mkdir(parents=True, exist_ok=True)
+                    path = keep / f"seed-{seed}-round-{r}.json"
+                    path.write_text(json.dumps({"seed": seed, "round": r,
+                                                **snapshot_json(snap)}, indent=1))
+            live = following
+            if progress:
+                print(f"round {r}: {len(answers)} snapshots in "
+                      f"{time.perf_counter() - start:.0f} s, {len(live)} seeds go on",
+                      file=sys.stderr)
+    return [outcomes[s] for s in seeds]
+
+
+def _key(d: Decisions) -> tuple[Any, ...]:
+    return (tuple(sorted(d.binds.items())), tuple(sorted(d.pipelined.items())),
+            tuple(sorted(d.evictions)))
+
+
+def show(seed: int, rounds: int, core: str) -> None:
+    """One seed's rounds in full: the snapshot, KAI's and kai_ray's decisions."""
+    from kai_ray.core.schedule import schedule
+
+    binary = build_harness()
+    snap = random_snapshot(seed)
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(rounds):
+            print(f"## round {r}")
+            for job in snap.jobs:
+                pods = ", ".join(f"{p.name} {p.status}{'@' + p.node if p.node else ''}"
+                                 f"{list(p.gpu_groups) if p.gpu_groups else ''}" for p in job.pods)
+                req = job.pods[0].request
+                print(f"  {job.name} queue {job.queue} prio {job.priority} min {job.min_member} "
+                      f"gpus {req.gpus} frac {req.gpu_fraction_milli} cpu {req.cpu_m}: {pods}")
+            answer = run_kai(binary, {"x": snap}, 3, 1, pathlib.Path(tmp))["x"]
+            theirs = [kai_decisions(snap, run) for run in answer["runs"]]
+            ours = our_decisions(snap, schedule(snap, SchedulerConfig(), now=0.0, core=core))
+            print(f"  KAI: {theirs[0]}\n  kai-ray: {ours}")
+            if ours not in theirs:
+                print("  DIVERGED:\n    " + "\n    ".join(theirs[0].diff(ours)))
+                return
+            snap = next_snapshot(snap, ours)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, default=200)
+    parser.add_argument("--first", type=int, default=0)
+    parser.add_argument("--rounds", type=int, default=4)
+    parser.add_argument("--runs", type=int, default=3, help="KAI runs per snapshot")
+    parser.add_argument("--procs", type=int, default=8, help="harness processes side by side")
+    parser.add_argument("--core", choices=("auto", "python", "native"), default="auto")
+    parser.add_argument("--keep", type=pathlib.Path,
+                        help="write each diverging snapshot's harness JSON here")
+    parser.add_argument("--show", type=int, metavar="SEED", help="print one seed in full")
+    args = parser.parse_args(argv)
+    if args.show is not None:
+        show(args.show, args.rounds, args.core)
+        return 0
+    seeds = range(args.first, args.first + args.seeds)
+    print(f"KAI-scheduler {kai_version()} against kai_ray's core ({args.core}): seeds "
+          f"{seeds.start}..{seeds.stop - 1}, {args.rounds} rounds, {args.runs} KAI runs each")
+    outcomes = fuzz(list(seeds), args.rounds, args.runs, args.procs, args.core, args.keep)
+    return report(outcomes)
+
+
+def report(outcomes: list[Outcome]) -> int:
+    diverged = [o for o in outcomes if o.divergence]
+    errors = [o for o in outcomes if o.error]
+    for o in diverged:
+        print(f"seed {o.seed} round {o.diverged_round}:\n    " + "\n    ".join(o.divergence))
+    for o in errors:
+        print(f"seed {o.seed}: {o.error}")
+    rounds = sum(o.rounds for o in outcomes)
+    print(f"{len(outcomes)} seeds, {rounds} rounds identical ({sum(o.decided for o in outcomes)}"
+          f" decisions), {len(diverged)} seeds diverged, {len(errors)} errors; KAI's own runs "
+          f"differed in {sum(o.kai_varied for o in outcomes)} rounds; KAI took back "
+          f"{sum(o.taken_back for o in outcomes)} pods it pipelined in the same cycle")
+    return 1 if diverged or errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
