@@ -20,6 +20,7 @@ import numpy.typing as npt
 
 from kai_ray.core import packing_policy
 from kai_ray.core.constraints import affinity_matches, untolerated
+from kai_ray.core.model import Request
 from kai_ray.core.state import MILLI, Group, Session, Task
 
 BoolArray = npt.NDArray[np.bool_]
@@ -119,7 +120,7 @@ def _predicates(sess: Session, task: Task) -> tuple[list[tuple[BoolArray, str]],
         idle_gpu = sess.cap_gpu - sess.used_gpu
         preds.append((idle_gpu + sess.rel_gpu >= req.gpus, R_GPU))
         idle_ok &= idle_gpu >= req.gpus
-    preds.append((sess.used_pods < sess.max_pods, R_PODS))
+    preds.append((sess.used_pods + _pod_slots(req) <= sess.max_pods, R_PODS))
     if req.is_shared:
         if req.gpu_memory_mib:
             preds.append((sess.gpu_mem_synced & (sess.gpu_mem >= req.gpu_memory_mib), R_GPU_MEM))
@@ -127,13 +128,17 @@ def _predicates(sess: Session, task: Task) -> tuple[list[tuple[BoolArray, str]],
         live = sess.dev_on & (sess.dev_rel < sess.dev_used)  # not entirely releasing
         fit_groups = (live & (MILLI - sess.dev_used + sess.dev_rel - cost >= 0)).sum(axis=1)
         idle_groups = (live & (MILLI - sess.dev_used - cost >= 0)).sum(axis=1)
-        # a new shared device also needs a slot for its reservation pod
-        new_ok = sess.used_pods + 2 <= sess.max_pods
-        idle_whole = np.where(new_ok, sess.cap_gpu - sess.used_gpu, 0)
-        rel_whole = np.where(new_ok, sess.rel_gpu, 0)
+        idle_whole = sess.cap_gpu - sess.used_gpu
+        rel_whole = sess.rel_gpu
         preds.append((fit_groups + idle_whole + rel_whole >= req.fraction_devices, R_GPU))
         idle_ok &= idle_groups + idle_whole >= req.fraction_devices
     return preds, idle_ok
+
+
+def _pod_slots(req: Request) -> int:
+    """Pod slots a task needs on a node: a GPU-sharing pod also keeps one for a potential
+    reservation pod, whether or not it joins a device that has one (KAI's NodePodNumber)."""
+    return 2 if req.is_shared else 1
 
 
 def feasible(sess: Session, task: Task, explain: bool = False
@@ -158,7 +163,7 @@ def fits_node(sess: Session, task: Task, node: int) -> tuple[bool, bool]:
     """(fits, fits on idle) on one node, without touching the others (scalar fast path)."""
     req = task.req
     at = sess.at
-    if not at.schedulable[node] or at.used_pods[node] >= at.max_pods[node]:
+    if not at.schedulable[node] or at.used_pods[node] + _pod_slots(req) > at.max_pods[node]:
         return False, False
     sel = _selector_mask(sess, task)
     if sel is not None and not sel[node]:
@@ -183,8 +188,6 @@ def fits_node(sess: Session, task: Task, node: int) -> tuple[bool, bool]:
                                        and at.gpu_mem[node] >= req.gpu_memory_mib):
             return False, False
         fitting, idle_whole, rel_whole = _shared_candidates(sess, task, node)
-        if at.used_pods[node] + 2 > at.max_pods[node]:
-            idle_whole = rel_whole = 0
         if len(fitting) + idle_whole + rel_whole < req.fraction_devices:
             return False, False
         cost = sess.device_cost(req, node)

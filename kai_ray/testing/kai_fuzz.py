@@ -257,9 +257,11 @@ def next_snapshot(snap: Snapshot, decided: Decisions) -> Snapshot:
 # --- running KAI and kai_ray -------------------------------------------------------------------
 
 def run_kai(binary: pathlib.Path, cases: dict[str, Snapshot], runs: int, procs: int,
-            workdir: pathlib.Path) -> dict[str, dict[str, Any]]:
+            workdir: pathlib.Path, log: tuple[int, pathlib.Path] | None = None
+            ) -> dict[str, dict[str, Any]]:
     """KAI's answers by case id, from `procs` harness processes side by side (each cycle of
-    the harness waits ~0.1 s for its cache mock's informers: waiting, not computing)."""
+    the harness waits ~0.1 s for its cache mock's informers: waiting, not computing). `log`:
+    KAI's own log at that verbosity is written to that file (one process)."""
     ids = sorted(cases)
     chunks = [ids[i::procs] for i in range(procs) if ids[i::procs]]
 
@@ -269,12 +271,16 @@ def run_kai(binary: pathlib.Path, cases: dict[str, Snapshot], runs: int, procs: 
                                for c in chunk))
         env = {**os.environ, "KAI_FUZZ_IN": str(src), "KAI_FUZZ_OUT": str(dst),
                "KAI_FUZZ_RUNS": str(runs)}
+        if log is not None:
+            env["KAI_FUZZ_LOG"] = str(log[0])
         done = subprocess.run([str(binary), "-test.run", "^TestKAIFuzz$", "-test.timeout", "0"],
                               cwd=harness_dir(), env=env, capture_output=True, text=True,
                               check=False)
         if done.returncode != 0:
             raise RuntimeError(f"the KAI harness failed on {src}:\n{done.stdout[-3000:]}"
                                f"{done.stderr[-3000:]}")
+        if log is not None:
+            log[1].write_text(done.stdout + done.stderr)
         return [json.loads(line) for line in dst.read_text().splitlines()]
 
     answers: dict[str, dict[str, Any]] = {}
@@ -350,8 +356,9 @@ def _key(d: Decisions) -> tuple[Any, ...]:
             tuple(sorted(d.evictions)))
 
 
-def show(seed: int, rounds: int, core: str) -> None:
-    """One seed's rounds in full: the snapshot, KAI's and kai_ray's decisions."""
+def show(seed: int, rounds: int, core: str, kai_log: int | None = None) -> None:
+    """One seed's rounds in full: the snapshot, KAI's and kai_ray's decisions; `kai_log`: KAI's
+    own log of each round at that verbosity goes to kai-seed-SEED-round-R.log."""
     from kai_ray.core.schedule import schedule
 
     binary = build_harness()
@@ -365,7 +372,11 @@ def show(seed: int, rounds: int, core: str) -> None:
                 req = job.pods[0].request
                 print(f"  {job.name} queue {job.queue} prio {job.priority} min {job.min_member} "
                       f"gpus {req.gpus} frac {req.gpu_fraction_milli} cpu {req.cpu_m}: {pods}")
-            answer = run_kai(binary, {"x": snap}, 3, 1, pathlib.Path(tmp))["x"]
+            log = None
+            if kai_log is not None:
+                log = (kai_log, pathlib.Path(f"kai-seed-{seed}-round-{r}.log"))
+                print(f"  KAI's log: {log[1]}")
+            answer = run_kai(binary, {"x": snap}, 1 if log else 3, 1, pathlib.Path(tmp), log)["x"]
             theirs = [kai_decisions(snap, run) for run in answer["runs"]]
             ours = our_decisions(snap, schedule(snap, SchedulerConfig(), now=0.0, core=core))
             print(f"  KAI: {theirs[0]}\n  kai-ray: {ours}")
@@ -387,9 +398,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--keep", type=pathlib.Path,
                         help="write each diverging snapshot's harness JSON here")
     parser.add_argument("--show", type=int, metavar="SEED", help="print one seed in full")
+    parser.add_argument("--kai-log", type=int, metavar="LEVEL",
+                        help="with --show: write KAI's own log at this verbosity (7: scores)")
     args = parser.parse_args(argv)
     if args.show is not None:
-        show(args.show, args.rounds, args.core)
+        show(args.show, args.rounds, args.core, args.kai_log)
         return 0
     seeds = range(args.first, args.first + args.seeds)
     print(f"KAI-scheduler {kai_version()} against kai_ray's core ({args.core}): seeds "

@@ -166,7 +166,8 @@ pub fn feasible(sess: &mut Session, task: usize, explain: bool) -> (Vec<bool>, V
             idle_ok[n] = idle_ok[n] && sess.cap_gpu[n] - sess.used_gpu[n] >= req.gpus;
         }
     }
-    apply(&mut ok, &mut reasons, R_PODS, &|n| sess.used_pods[n] < sess.max_pods[n]);
+    let slots = pod_slots(&req);
+    apply(&mut ok, &mut reasons, R_PODS, &|n| sess.used_pods[n] + slots <= sess.max_pods[n]);
     if req.is_shared() {
         if req.gpu_memory_mib != 0 {
             apply(&mut ok, &mut reasons, R_GPU_MEM, &|n| {
@@ -188,14 +189,8 @@ pub fn feasible(sess: &mut Session, task: usize, explain: bool) -> (Vec<bool>, V
             }
             (fit, idle)
         };
-        let wholes = |n: usize| -> (i64, i64) {
-            // a new shared device also needs a slot for its reservation pod
-            if sess.used_pods[n] + 2 <= sess.max_pods[n] {
-                (sess.cap_gpu[n] - sess.used_gpu[n], sess.rel_gpu[n])
-            } else {
-                (0, 0)
-            }
-        };
+        let wholes =
+            |n: usize| -> (i64, i64) { (sess.cap_gpu[n] - sess.used_gpu[n], sess.rel_gpu[n]) };
         apply(&mut ok, &mut reasons, R_GPU, &|n| {
             let (fit, _) = groups_fit(n);
             let (idle_whole, rel_whole) = wholes(n);
@@ -248,7 +243,7 @@ fn feasible_at(sess: &mut Session, task: usize, n: usize) -> (bool, bool) {
         }
         idle = idle && sess.cap_gpu[n] - sess.used_gpu[n] >= req.gpus;
     }
-    if sess.used_pods[n] >= sess.max_pods[n] {
+    if sess.used_pods[n] + pod_slots(&req) > sess.max_pods[n] {
         return (false, false);
     }
     if req.is_shared() {
@@ -269,11 +264,7 @@ fn feasible_at(sess: &mut Session, task: usize, n: usize) -> (bool, bool) {
                 }
             }
         }
-        let (idle_whole, rel_whole) = if sess.used_pods[n] + 2 <= sess.max_pods[n] {
-            (sess.cap_gpu[n] - sess.used_gpu[n], sess.rel_gpu[n])
-        } else {
-            (0, 0)
-        };
+        let (idle_whole, rel_whole) = (sess.cap_gpu[n] - sess.used_gpu[n], sess.rel_gpu[n]);
         if fit + idle_whole + rel_whole < req.fraction_devices {
             return (false, false);
         }
@@ -384,10 +375,22 @@ fn place_best(
     (Some(place_on(sess, task, node, idle)), Vec::new())
 }
 
+/// Pod slots a task needs on a node: a GPU-sharing pod also keeps one for a potential
+/// reservation pod, whether or not it joins a device that has one (KAI's NodePodNumber).
+fn pod_slots(req: &crate::model::Request) -> i64 {
+    if req.is_shared() {
+        2
+    } else {
+        1
+    }
+}
+
 /// (fits, fits on idle) on one node, without touching the others.
 pub fn fits_node(sess: &mut Session, task: usize, node: i32) -> (bool, bool) {
     let n = node as usize;
-    if !sess.schedulable[n] || sess.used_pods[n] >= sess.max_pods[n] {
+    if !sess.schedulable[n]
+        || sess.used_pods[n] + pod_slots(&sess.tasks[task].req) > sess.max_pods[n]
+    {
         return (false, false);
     }
     let constraints = sess.tasks[task].constraints;
@@ -420,11 +423,7 @@ pub fn fits_node(sess: &mut Session, task: usize, node: i32) -> (bool, bool) {
         {
             return (false, false);
         }
-        let (fitting, mut idle_whole, mut rel_whole) = shared_candidates(sess, task, node);
-        if sess.used_pods[n] + 2 > sess.max_pods[n] {
-            idle_whole = 0;
-            rel_whole = 0;
-        }
+        let (fitting, idle_whole, rel_whole) = shared_candidates(sess, task, node);
         if fitting.len() as i64 + idle_whole + rel_whole < req.fraction_devices {
             return (false, false);
         }
