@@ -156,12 +156,7 @@ func runCycle(t *testing.T, c *Cluster) (*runResult, *decisions) {
 	if os.Getenv("KAI_CYCLE_PARAMS") == "test" {
 		res.Params = "test"
 	} else {
-		// kai-scheduler's command-line defaults (cmd/scheduler/app/options), which differ from
-		// the test session's (-1 preemptees, no signatures, no staleness grace period)
-		ssn.OverrideMaxNumberConsolidationPreemptees(16)
-		ssn.SchedulerParams.UseSchedulingSignatures = true
-		ssn.OverrideAllowConsolidatingReclaim(true)
-		ssn.OverrideGlobalDefaultStalenessGracePeriod(60 * time.Second)
+		schedulerDefaults(ssn)
 	}
 	count := &counter{log: &decisions{}}
 	expectCounted(ssn.Cache.(*cache.MockCache), count)
@@ -223,6 +218,15 @@ func runCycle(t *testing.T, c *Cluster) (*runResult, *decisions) {
 		}
 	}
 	return res, count.log
+}
+
+// schedulerDefaults sets kai-scheduler's command-line defaults (cmd/scheduler/app/options),
+// which differ from the test session's (-1 preemptees, no signatures, no staleness grace period).
+func schedulerDefaults(ssn *framework.Session) {
+	ssn.OverrideMaxNumberConsolidationPreemptees(16)
+	ssn.SchedulerParams.UseSchedulingSignatures = true
+	ssn.OverrideAllowConsolidatingReclaim(true)
+	ssn.OverrideGlobalDefaultStalenessGracePeriod(60 * time.Second)
 }
 
 func selectedActions(t *testing.T) []framework.Action {

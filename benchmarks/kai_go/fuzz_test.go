@@ -5,16 +5,21 @@ package kaicycle
 // an "id"; for each, $KAI_FUZZ_RUNS (default 1) independent cycles run, and one line
 // {"id": ..., "runs": [decisions, ...]} is written to $KAI_FUZZ_OUT. KAI's choices can differ
 // between runs of the same cluster (Go map order, fresh GPU group ids), so the fuzzer asks for
-// several and accepts any. A cluster the harness refuses gets {"id": ..., "error": "..."}.
+// several and accepts any. A cluster the harness refuses, or one on which KAI's code panics,
+// gets {"id": ..., "error": "..."}.
 // KAI_FUZZ_LOG=N prints KAI's own logs at verbosity N.
 
 import (
 	"bufio"
 	"encoding/json"
+	"fmt"
 	"os"
 	"strconv"
 	"testing"
 
+	"go.uber.org/mock/gomock"
+
+	"github.com/NVIDIA/KAI-scheduler/pkg/scheduler/cache"
 	"github.com/NVIDIA/KAI-scheduler/pkg/scheduler/log"
 )
 
@@ -73,9 +78,13 @@ func TestKAIFuzz(t *testing.T) {
 			answer.ID, answer.Error = c.ID, err.Error()
 		} else {
 			answer.ID = c.ID
-			for i := 0; i < runs; i++ {
-				_, log := runCycle(t, &c.Cluster)
-				answer.Runs = append(answer.Runs, log)
+			for i := 0; i < runs && answer.Error == ""; i++ {
+				log, err := fuzzCycle(t, &c.Cluster)
+				if err != nil {
+					answer.Error, answer.Runs = err.Error(), nil
+				} else {
+					answer.Runs = append(answer.Runs, log)
+				}
 			}
 		}
 		data, _ := json.Marshal(answer)
@@ -84,4 +93,24 @@ func TestKAIFuzz(t *testing.T) {
 	if err := lines.Err(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// fuzzCycle is runCycle without timing: the actions run in this goroutine, so that a panic in
+// KAI's code is one case's error rather than the end of the batch.
+func fuzzCycle(t *testing.T, c *Cluster) (log *decisions, err error) {
+	ctrl := gomock.NewController(t)
+	defer ctrl.Finish()
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("KAI panicked: %v", r)
+		}
+	}()
+	ssn := buildSession(c.Topology(), ctrl, &runResult{})
+	schedulerDefaults(ssn)
+	count := &counter{log: &decisions{}}
+	expectCounted(ssn.Cache.(*cache.MockCache), count)
+	for _, action := range selectedActions(t) {
+		action.Execute(ssn)
+	}
+	return count.log, nil
 }

@@ -128,48 +128,63 @@ def random_snapshot(seed: int) -> Snapshot:
         queues.append(Queue(f"q{q}", parent=parent, gpu=ResourceQuota(quota, limit, weight),
                             cpu=OPEN, memory=OPEN, created=float(q)))
     rooms = {n.name: _Room(n.cpu_m, n.memory, n.max_pods, n.gpus) for n in nodes}
-    jobs = []
-    for j in range(rng.randint(2, 10)):
-        size = rng.choice((1, 1, 1, 2, 2, 3, 4))
-        cpu = rng.choice((500, 1000, 4000, 8000))
-        memory = rng.choice((1, 4, 16)) * GIB
-        kind = rng.random()
-        if kind < 0.15:
-            req = Request(cpu_m=cpu, memory=memory)
-        elif kind < 0.45:
-            req = Request(cpu_m=cpu, memory=memory,
-                          gpu_fraction_milli=rng.choice((250, 300, 500, 700)))
-        else:
-            req = Request(cpu_m=cpu, memory=memory, gpus=rng.choice((1, 1, 1, 2, 4)))
-        min_member = size if rng.random() < 0.75 else rng.randint(1, size)
-        name = f"j{j}"
-        placed: list[tuple[str, tuple[str, ...]]] = []
-        if rng.random() < 0.5:  # running: every pod, or an elastic job's minimum and more
-            want = size if min_member == size else rng.randint(min_member, size)
-            order = [n.name for n in nodes]
-            for _ in range(want):
-                rng.shuffle(order)
-                spot = next(((n, g) for n in order
-                             if (g := rooms[n].place(n, req)) is not None), None)
-                if spot is None:
-                    break
-                placed.append(spot)
-            if len(placed) < min_member:
-                placed = []  # (the room stays taken in `rooms`: later jobs see less than is free)
-        releasing = bool(placed) and rng.random() < 0.15
-        pods = []
-        for i in range(size):
-            if i < len(placed):
-                node, groups = placed[i]
-                status = PodStatus.RELEASING if releasing else PodStatus.RUNNING
-                pods.append(Pod(f"{name}-{i}", req, status=status, node=node, gpu_groups=groups,
-                                created=float(j)))
-            else:
-                pods.append(Pod(f"{name}-{i}", req, created=float(j)))
-        jobs.append(Job(name=name, queue=rng.choice(leaves),
-                        priority=rng.choice((50, 50, 100, 125)), pods=tuple(pods),
-                        min_member=min_member, created=float(j)))
+    jobs = [_random_job(rng, j, leaves, rooms) for j in range(rng.randint(2, 10))]
     return Snapshot(nodes=tuple(nodes), queues=tuple(queues), jobs=tuple(jobs))
+
+
+def _random_job(rng: random.Random, j: int, leaves: Sequence[str],
+                rooms: dict[str, _Room] | None) -> Job:
+    """Job `j<j>`; with `rooms`, half the time it already runs where `rooms` has room."""
+    size = rng.choice((1, 1, 1, 2, 2, 3, 4))
+    cpu = rng.choice((500, 1000, 4000, 8000))
+    memory = rng.choice((1, 4, 16)) * GIB
+    kind = rng.random()
+    if kind < 0.15:
+        req = Request(cpu_m=cpu, memory=memory)
+    elif kind < 0.45:
+        req = Request(cpu_m=cpu, memory=memory,
+                      gpu_fraction_milli=rng.choice((250, 300, 500, 700)))
+    else:
+        req = Request(cpu_m=cpu, memory=memory, gpus=rng.choice((1, 1, 1, 2, 4)))
+    min_member = size if rng.random() < 0.75 else rng.randint(1, size)
+    name = f"j{j}"
+    placed: list[tuple[str, tuple[str, ...]]] = []
+    if rooms is not None and rng.random() < 0.5:  # running: all, or an elastic job's minimum+
+        want = size if min_member == size else rng.randint(min_member, size)
+        order = list(rooms)
+        for _ in range(want):
+            rng.shuffle(order)
+            spot = next(((n, g) for n in order
+                         if (g := rooms[n].place(n, req)) is not None), None)
+            if spot is None:
+                break
+            placed.append(spot)
+        if len(placed) < min_member:
+            placed = []  # (the room stays taken in `rooms`: later jobs see less than is free)
+    releasing = bool(placed) and rng.random() < 0.15
+    pods = []
+    for i in range(size):
+        if i < len(placed):
+            node, groups = placed[i]
+            status = PodStatus.RELEASING if releasing else PodStatus.RUNNING
+            pods.append(Pod(f"{name}-{i}", req, status=status, node=node, gpu_groups=groups,
+                            created=float(j)))
+        else:
+            pods.append(Pod(f"{name}-{i}", req, created=float(j)))
+    return Job(name=name, queue=rng.choice(leaves), priority=rng.choice((50, 50, 100, 125)),
+               pods=tuple(pods), min_member=min_member, created=float(j))
+
+
+def arrivals(snap: Snapshot, seed: int, round_: int) -> Snapshot:
+    """Between rounds: some jobs whose pods all run finish and leave, and up to two new jobs
+    arrive, pending (drawn from the seed and the round, so that a run can be repeated)."""
+    rng = random.Random(seed * 1000 + round_)
+    kept = [j for j in snap.jobs
+            if not (all(p.status == PodStatus.RUNNING for p in j.pods) and rng.random() < 0.15)]
+    leaves = [q.name for q in snap.queues if q.parent is not None]
+    first = 1 + max((int(j.name[1:]) for j in snap.jobs), default=-1)
+    kept += [_random_job(rng, first + k, leaves, None) for k in range(rng.randint(0, 2))]
+    return replace(snap, jobs=tuple(kept))
 
 
 # --- decisions, compared -----------------------------------------------------------------------
@@ -299,6 +314,7 @@ class Outcome:
     kai_varied: int = 0  # rounds where KAI's runs differed among themselves
     taken_back: int = 0  # pods KAI pipelined and evicted again in one cycle
     decided: int = 0  # binds + pipelined + evictions agreed on
+    kai_panic: str | None = None  # KAI's own code crashed on the snapshot: the seed stops
     error: str | None = None
 
 
@@ -322,6 +338,10 @@ def fuzz(seeds: Sequence[int], rounds: int = 4, runs: int = 3, procs: int = 8,
             for seed, snap in live.items():
                 out = outcomes[seed]
                 answer = answers[f"{seed}/{r}"]
+                if answer.get("error", "").startswith("KAI panicked"):
+                    out.kai_panic = f"round {r}: {answer['error']}"
+                    _keep(keep, seed, r, snap)
+                    continue
                 if answer.get("error"):
                     out.error = f"round {r}: the harness refused the snapshot: {answer['error']}"
                     continue
@@ -334,21 +354,24 @@ def fuzz(seeds: Sequence[int], rounds: int = 4, runs: int = 3, procs: int = 8,
                 if ours in theirs:
                     out.rounds += 1
                     out.decided += len(ours.binds) + len(ours.pipelined) + len(ours.evictions)
-                    following[seed] = next_snapshot(snap, ours)
+                    following[seed] = arrivals(next_snapshot(snap, ours), seed, r)
                     continue
                 out.diverged_round = r
                 out.divergence = theirs[0].diff(ours)
-                if keep is not None:
-                    keep.mkdir(parents=True, exist_ok=True)
-                    path = keep / f"seed-{seed}-round-{r}.json"
-                    path.write_text(json.dumps({"seed": seed, "round": r,
-                                                **snapshot_json(snap)}, indent=1))
+                _keep(keep, seed, r, snap)
             live = following
             if progress:
                 print(f"round {r}: {len(answers)} snapshots in "
                       f"{time.perf_counter() - start:.0f} s, {len(live)} seeds go on",
                       file=sys.stderr)
     return [outcomes[s] for s in seeds]
+
+
+def _keep(keep: pathlib.Path | None, seed: int, r: int, snap: Snapshot) -> None:
+    if keep is not None:
+        keep.mkdir(parents=True, exist_ok=True)
+        path = keep / f"seed-{seed}-round-{r}.json"
+        path.write_text(json.dumps({"seed": seed, "round": r, **snapshot_json(snap)}, indent=1))
 
 
 def _key(d: Decisions) -> tuple[Any, ...]:
@@ -383,7 +406,7 @@ def show(seed: int, rounds: int, core: str, kai_log: int | None = None) -> None:
             if ours not in theirs:
                 print("  DIVERGED:\n    " + "\n    ".join(theirs[0].diff(ours)))
                 return
-            snap = next_snapshot(snap, ours)
+            snap = arrivals(next_snapshot(snap, ours), seed, r)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -418,9 +441,13 @@ def report(outcomes: list[Outcome]) -> int:
         print(f"seed {o.seed} round {o.diverged_round}:\n    " + "\n    ".join(o.divergence))
     for o in errors:
         print(f"seed {o.seed}: {o.error}")
+    panics = [o for o in outcomes if o.kai_panic]
+    for o in panics:
+        print(f"seed {o.seed}: {o.kai_panic.splitlines()[0]}")
     rounds = sum(o.rounds for o in outcomes)
     print(f"{len(outcomes)} seeds, {rounds} rounds identical ({sum(o.decided for o in outcomes)}"
-          f" decisions), {len(diverged)} seeds diverged, {len(errors)} errors; KAI's own runs "
+          f" decisions), {len(diverged)} seeds diverged, {len(errors)} errors, KAI's code "
+          f"panicked on {len(panics)}; KAI's own runs "
           f"differed in {sum(o.kai_varied for o in outcomes)} rounds; KAI took back "
           f"{sum(o.taken_back for o in outcomes)} pods it pipelined in the same cycle")
     return 1 if diverged or errors else 0

@@ -10,6 +10,7 @@ whatever the snapshot's weight says.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pathlib
 import shutil
@@ -97,7 +98,9 @@ def build_harness(kai_source: pathlib.Path | None = None) -> pathlib.Path:
                              "(https://go.dev/dl) and the Go module proxy")
     source = harness_dir()
     cache = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache"))
-    binary = cache / "kai-ray" / "kai_cycle.test"
+    # one binary per checkout: two worktrees building at once must not overwrite each other's
+    tag = hashlib.sha1(str(source).encode()).hexdigest()[:8]
+    binary = cache / "kai-ray" / f"kai_cycle-{tag}.test"
     binary.parent.mkdir(parents=True, exist_ok=True)
     if kai_source is not None:
         replaced = binary.parent / "kai_go_replaced"
