@@ -400,6 +400,9 @@ def show(seed: int, rounds: int, core: str, kai_log: int | None = None) -> None:
                 log = (kai_log, pathlib.Path(f"kai-seed-{seed}-round-{r}.log"))
                 print(f"  KAI's log: {log[1]}")
             answer = run_kai(binary, {"x": snap}, 1 if log else 3, 1, pathlib.Path(tmp), log)["x"]
+            if answer.get("error"):
+                print(f"  KAI: {answer['error']}")
+                return
             theirs = [kai_decisions(snap, run) for run in answer["runs"]]
             ours = our_decisions(snap, schedule(snap, SchedulerConfig(), now=0.0, core=core))
             print(f"  KAI: {theirs[0]}\n  kai-ray: {ours}")

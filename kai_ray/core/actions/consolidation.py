@@ -48,8 +48,8 @@ def run(sess: Session) -> None:
                         lambda evicted, moved: "" if evicted else None, _message)
         if not solver.solve(job):
             failed.record(job, "cluster")
-        elif job.pending_tasks():
-            queue.push(job)
+        # a job that got room is not tried again this action (KAI: only allocate pushes a job
+        # with tasks left back into its queue)
 
 
 def _free_gpus(sess: Session) -> float:

@@ -43,5 +43,5 @@ def run(sess: Session) -> None:
                         cache, (job.queue, job.priority))
         if not solver.solve(job):
             failed.record(job, job.queue)
-        elif job.pending_tasks():
-            queue.push(job)
+        # a job that got room is not tried again this action (KAI: only allocate pushes a job
+        # with tasks left back into its queue)

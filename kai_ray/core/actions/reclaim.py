@@ -176,5 +176,5 @@ def run(sess: Session) -> None:
                         lambda task, preemptor: _message(sess, task, preemptor), cache, job.queue)
         if not solver.solve(job):
             failed.record(job, job.queue)
-        elif job.pending_tasks():
-            queue.push(job)
+        # a job that got room is not tried again this action (KAI: only allocate pushes a job
+        # with tasks left back into its queue)

@@ -3,9 +3,10 @@
 For a pending job it grows prefixes of its tasks-to-allocate. Each prefix starts from the victims
 recorded for the previous one and adds potential victims in victim order, one job (or one extra
 task of an elastic job) at a time; every scenario evicts the recorded victims plus the potential
-victims on one node of the latest one, then places the preemptor and the victims again
-(pipeline only): a victim that fits back where it was is left alone, one placed elsewhere is
-moved, one not placed stays evicted. An action-specific validator accepts or rejects the scenario.
+victims of the jobs with one on a node of the latest one (all of them, wherever they sit), then
+places the preemptor and the victims again (pipeline only): a victim that fits back where it was
+is left alone, one placed elsewhere is moved, one not placed stays evicted. An action-specific
+validator accepts or rejects the scenario.
 
 The same decisions, faster: the victim order is popped once per session state and shared by
 every prefix (victim_stream.py), a prefix skips the victims that cannot yet make room for it
@@ -340,25 +341,31 @@ class Solver:
         stream = self.cache.stream(self.sess, self.scope)
         victims = (stream.read(recorded, self.exhausted, room)
                    if stream is not None and stream.covers(recorded) else self._popped(recorded))
-        # potential victims by node, in the order they were taken (those of the quiet batch,
-        # which come first, sorted by node only once an entry may be simulated)
+        # potential victims in the order they were taken, and per node the jobs with one there
+        # (those of the quiet batch, which come first, sorted by node only once an entry may be
+        # simulated): a scenario on a node takes every potential victim of those jobs, wherever
+        # it sits (KAI's ByNodeScenario.VictimsTasksFromNodes)
         quiet_batch: list[Task] = []
-        potential: dict[int, list[Task]] | None = None
+        potential: list[Task] = []
+        jobs_on: dict[int, set[int]] | None = None
         for taken, quiet in victims:
             if quiet:
                 quiet_batch.extend(taken)
                 continue  # already in `room` (see `VictimStream.read`); nothing to simulate
-            if potential is None:
-                potential = {}
+            if jobs_on is None:
+                jobs_on = {}
                 for t in quiet_batch:
-                    potential.setdefault(t.node, []).append(t)
+                    jobs_on.setdefault(t.node, set()).add(id(t.job))
+                potential.extend(quiet_batch)
             for t in taken:
-                potential.setdefault(t.node, []).append(t)
+                jobs_on.setdefault(t.node, set()).add(id(t.job))
                 room.add_victim(t)
+            potential.extend(taken)
             if not room.enough():
                 continue  # even every victim so far would not free enough GPUs: skip simulating
             for node in sorted({t.node for t in taken}):
-                scenario = recorded + potential[node]
+                on_node = jobs_on[node]
+                scenario = recorded + [t for t in potential if id(t.job) in on_node]
                 if not room.enough_with(scenario):
                     continue
                 result = self._try(job, prefix, scenario)

@@ -99,10 +99,10 @@ pub fn run(sess: &mut Session) {
         let rules = Consolidation { job, limit };
         let mut cache = VictimCache::default();
         let mut solver = Solver::new(&rules, None);
+        // a job that got room is not tried again this action (KAI: only allocate pushes a job
+        // with tasks left back into its queue)
         if !solver.solve(sess, &mut cache, job) {
             failed.record(sess, job, CLUSTER);
-        } else if sess.has_pending(job) {
-            queue.push(sess, job);
         }
     }
 }

@@ -75,10 +75,10 @@ pub fn run(sess: &mut Session) {
         }
         let rules = Preempt { job, in_queue: in_queue.get(&scope).unwrap_or(&empty) };
         let mut solver = Solver::new(&rules, Some((scope, sess.jobs[job].priority)));
+        // a job that got room is not tried again this action (KAI: only allocate pushes a job
+        // with tasks left back into its queue)
         if !solver.solve(sess, &mut cache, job) {
             failed.record(sess, job, scope);
-        } else if sess.has_pending(job) {
-            queue.push(sess, job);
         }
     }
 }

@@ -257,10 +257,10 @@ pub fn run(sess: &mut Session) {
             allocated_np: sess.queues.iter().map(|q| q.allocated_np).collect(),
         };
         let mut solver = Solver::new(&rules, Some((scope, i64::MIN)));
+        // a job that got room is not tried again this action (KAI: only allocate pushes a job
+        // with tasks left back into its queue)
         if !solver.solve(sess, &mut cache, job) {
             failed.record(sess, job, scope);
-        } else if sess.has_pending(job) {
-            queue.push(sess, job);
         }
     }
 }

@@ -2,8 +2,9 @@
 //! (kai_ray/core/actions/solver.py). For a pending job it grows prefixes of its
 //! tasks-to-allocate; each prefix starts from the victims recorded for the previous one and adds
 //! potential victims in victim order; every scenario evicts the recorded victims plus the
-//! potential victims on one node of the latest one, then places the preemptor and the victims
-//! again (pipeline only). An action's rules accept or reject the scenario.
+//! potential victims of the jobs with one on a node of the latest one (all of them, wherever
+//! they sit), then places the preemptor and the victims again (pipeline only). An action's
+//! rules accept or reject the scenario.
 
 use std::cmp::Ordering;
 
@@ -491,10 +492,13 @@ impl<'a> Solver<'a> {
                 recorded.iter().copied().collect(),
             )
         };
-        // potential victims by node, in the order they were taken (those of the quiet batch,
-        // which come first, sorted by node only once an entry may be simulated)
+        // potential victims in the order they were taken, and per node the jobs with one there
+        // (those of the quiet batch, which come first, sorted by node only once an entry may be
+        // simulated): a scenario on a node takes every potential victim of those jobs, wherever
+        // it sits (KAI's ByNodeScenario.VictimsTasksFromNodes)
         let mut quiet_batch: Vec<usize> = Vec::new();
-        let mut potential: Option<FxHashMap<i32, Vec<usize>>> = None;
+        let mut potential: Vec<usize> = Vec::new();
+        let mut jobs_on: Option<FxHashMap<i32, FxHashSet<usize>>> = None;
         loop {
             let item = match &mut source {
                 Source::Stream(read) => {
@@ -513,19 +517,21 @@ impl<'a> Solver<'a> {
                 quiet_batch.extend(taken);
                 continue;
             }
-            let potential = potential.get_or_insert_with(|| {
-                let mut by_node: FxHashMap<i32, Vec<usize>> = FxHashMap::default();
+            let jobs_on = jobs_on.get_or_insert_with(|| {
+                let mut by_node: FxHashMap<i32, FxHashSet<usize>> = FxHashMap::default();
                 for &t in &quiet_batch {
-                    by_node.entry(sess.tasks[t].node).or_default().push(t);
+                    by_node.entry(sess.tasks[t].node).or_default().insert(sess.tasks[t].job);
                 }
+                potential.extend_from_slice(&quiet_batch);
                 by_node
             });
             {
                 let free = cache.free.as_mut().expect("free");
                 for &t in &taken {
-                    potential.entry(sess.tasks[t].node).or_default().push(t);
+                    jobs_on.entry(sess.tasks[t].node).or_default().insert(sess.tasks[t].job);
                     room.add_victim(sess, free, t);
                 }
+                potential.extend_from_slice(&taken);
                 if !room.enough(sess, free) {
                     continue; // even every victim so far would not free enough GPUs
                 }
@@ -534,8 +540,10 @@ impl<'a> Solver<'a> {
             nodes.sort_unstable();
             nodes.dedup();
             for node in nodes {
+                let on_node = &jobs_on[&node];
                 let mut scenario = recorded.to_vec();
-                scenario.extend_from_slice(&potential[&node]);
+                scenario
+                    .extend(potential.iter().filter(|&&t| on_node.contains(&sess.tasks[t].job)));
                 if !room.enough_with(sess, cache.free.as_mut().expect("free"), &scenario) {
                     continue;
                 }
