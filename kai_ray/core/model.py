@@ -41,7 +41,8 @@ ACTIVE_USED = ACTIVE_ALLOCATED | {PodStatus.RELEASING}
 QUEUE_ALLOCATED = frozenset(
     {PodStatus.ALLOCATED, PodStatus.BINDING, PodStatus.BOUND, PodStatus.RUNNING}
 )
-ALIVE = ACTIVE_USED | {PodStatus.PENDING, PodStatus.GATED}
+# KAI's aliveStatuses: a releasing pod is not alive
+ALIVE = ACTIVE_ALLOCATED | {PodStatus.PENDING, PodStatus.GATED}
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,7 +21,7 @@ from typing import Any, Literal
 from kai_ray.core import fairshare
 from kai_ray.core.actions import allocate, consolidation, preempt, reclaim, stale
 from kai_ray.core.capacity import QUEUE_DOES_NOT_EXIST
-from kai_ray.core.model import ACTIVE_USED, PodStatus, SchedulerConfig, Snapshot
+from kai_ray.core.model import ACTIVE_USED, ALIVE, PodStatus, SchedulerConfig, Snapshot
 from kai_ray.core.queuetree import QUEUE_PARENT_CYCLE
 from kai_ray.core.result import (
     Bind,
@@ -237,11 +237,13 @@ def _job_statuses(sess: Session, result: CycleResult) -> None:
             reason = "QueueNotLeaf"
             message = f"Queue '{job.queue}' has child queues; only leaf queues run workloads"
         elif not job.is_ready():
-            alive = sum(1 for t in job.tasks if t.status != PodStatus.GATED)
+            # a releasing pod is neither: it is going away (KAI's aliveStatuses)
+            alive = sum(1 for t in job.tasks if t.status in ALIVE and t.status != PodStatus.GATED)
+            gated = sum(1 for t in job.tasks if t.status == PodStatus.GATED)
             minimum = sum(ps.min_member for ps in job.podsets.values())
             reason = "NotReady"
             message = (f"Job is not ready for scheduling. Waiting for {minimum} pods, currently "
-                       f"{alive} exist, {len(job.tasks) - alive} are gated")
+                       f"{alive} exist, {gated} are gated")
         elif job.name in sess.job_errors:
             err = sess.job_errors[job.name]
             reason, message = err.reason, err.message

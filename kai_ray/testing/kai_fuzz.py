@@ -40,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -234,8 +235,13 @@ def kai_decisions(snap: Snapshot, run: dict[str, Any]) -> Decisions:
     pods = _pods(snap)
     evicted = set(run.get("evictions") or ())
     binds = [(b[0], b[1], b[2:]) for b in run.get("binds") or ()]
-    pipelined = {p[0]: p[1] for p in run.get("pipelined") or () if p[0] not in evicted}
     running = {PodStatus.RUNNING, PodStatus.RELEASING}
+    # a pending pod pipelined and then evicted again stays pending; a running pod that is
+    # evicted once and pipelined is a consolidation move (KAI's statement commits the eviction,
+    # then the pipelining on the new node), and stays pipelined there
+    times = Counter(run.get("evictions") or ())
+    pipelined = {p[0]: p[1] for p in run.get("pipelined") or ()
+                 if p[0] not in evicted or (pods[p[0]].status in running and times[p[0]] == 1)}
     return Decisions(binds=_normalise(snap, binds), pipelined=pipelined,
                      evictions=frozenset(p for p in evicted if pods[p].status in running),
                      raw_groups={b[0]: tuple(b[2:]) for b in run.get("binds") or ()})

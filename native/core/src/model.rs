@@ -79,9 +79,9 @@ impl PodStatus {
         )
     }
 
-    /// ALIVE
+    /// ALIVE (KAI's aliveStatuses: a releasing pod is not alive)
     pub fn alive(self) -> bool {
-        self.active_used() || self == PodStatus::Pending || self == PodStatus::Gated
+        self.active_allocated() || self == PodStatus::Pending || self == PodStatus::Gated
     }
 }
 

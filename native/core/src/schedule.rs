@@ -329,14 +329,19 @@ fn job_statuses(sess: &mut Session) -> Vec<JobStatus> {
                 format!("Queue '{}' has child queues; only leaf queues run workloads", js.queue),
             )
         } else if !sess.is_ready(job) {
-            let alive =
-                js.tasks.iter().filter(|&&t| sess.tasks[t].status != PodStatus::Gated).count();
+            // a releasing pod is neither: it is going away (KAI's aliveStatuses)
+            let status = |t: &usize| sess.tasks[*t].status;
+            let alive = js
+                .tasks
+                .iter()
+                .filter(|t| status(t).alive() && status(t) != PodStatus::Gated)
+                .count();
+            let gated = js.tasks.iter().filter(|t| status(t) == PodStatus::Gated).count();
             let minimum: i64 = js.podsets.iter().map(|ps| ps.min_member).sum();
             (
                 "NotReady".to_string(),
                 format!(
-                    "Job is not ready for scheduling. Waiting for {minimum} pods, currently {alive} exist, {} are gated",
-                    js.tasks.len() - alive
+                    "Job is not ready for scheduling. Waiting for {minimum} pods, currently {alive} exist, {gated} are gated"
                 ),
             )
         } else if let Some(err) = sess.job_errors.get(&job) {
