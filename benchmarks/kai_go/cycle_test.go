@@ -88,6 +88,8 @@ type decisions struct {
 	Binds     [][]string `json:"binds"`     // pod, node, gpu groups...
 	Pipelined [][]string `json:"pipelined"` // pod, node, gpu groups...
 	Evictions []string   `json:"evictions"`
+	// the same calls in the order they were made: "bind"/"pipeline"/"evict", pod, node
+	Events [][]string `json:"events"`
 }
 
 type counter struct {
@@ -319,12 +321,14 @@ func expectCounted(mock *cache.MockCache, count *counter) {
 		func(pod *pod_info.PodInfo, node string, _ map[string]string) error {
 			count.binds++
 			count.log.Binds = append(count.log.Binds, append([]string{pod.Name, node}, pod.GPUGroups...))
+			count.log.Events = append(count.log.Events, []string{"bind", pod.Name, node})
 			return nil
 		}).AnyTimes()
 	mock.EXPECT().Evict(gomock.Any(), gomock.Any(), gomock.Any(), gomock.Any()).DoAndReturn(
 		func(pod *v1.Pod, _ *podgroup_info.PodGroupInfo, _ eviction_info.EvictionMetadata, _ string) error {
 			count.evictions++
 			count.log.Evictions = append(count.log.Evictions, pod.Name)
+			count.log.Events = append(count.log.Events, []string{"evict", pod.Name, pod.Spec.NodeName})
 			return nil
 		}).AnyTimes()
 	mock.EXPECT().TaskPipelined(gomock.Any(), gomock.Any()).Do(
@@ -332,6 +336,7 @@ func expectCounted(mock *cache.MockCache, count *counter) {
 			count.pipelined++
 			count.log.Pipelined = append(count.log.Pipelined,
 				append([]string{pod.Name, pod.NodeName}, pod.GPUGroups...))
+			count.log.Events = append(count.log.Events, []string{"pipeline", pod.Name, pod.NodeName})
 		}).AnyTimes()
 }
 

@@ -40,7 +40,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -144,7 +143,7 @@ def _random_job(rng: random.Random, j: int, leaves: Sequence[str],
         req = Request(cpu_m=cpu, memory=memory)
     elif kind < 0.45:
         req = Request(cpu_m=cpu, memory=memory,
-                      gpu_fraction_milli=rng.choice((250, 300, 500, 700)))
+                      gpu_fraction_milli=rng.choice((125, 250, 500, 750)))
     else:
         req = Request(cpu_m=cpu, memory=memory, gpus=rng.choice((1, 1, 1, 2, 4)))
     min_member = size if rng.random() < 0.75 else rng.randint(1, size)
@@ -196,6 +195,7 @@ class Decisions:
     pipelined: dict[str, str]  # pod -> node
     evictions: frozenset[str]  # pods that were running
     raw_groups: dict[str, tuple[str, ...]] = field(default_factory=dict, compare=False)
+    taken_back: frozenset[str] = field(default=frozenset(), compare=False)
 
     def diff(self, other: Decisions) -> list[str]:
         """What differs, as lines: `self` is KAI, `other` kai_ray."""
@@ -232,19 +232,22 @@ def _normalise(snap: Snapshot, binds: Iterable[tuple[str, str, Sequence[str]]]
 
 
 def kai_decisions(snap: Snapshot, run: dict[str, Any]) -> Decisions:
+    """KAI's calls to its cache, by the last one each pod got: a pod whose last call pipelines
+    it is pipelined (a consolidation move evicts and then pipelines a running pod; a pending pod
+    pipelined and then evicted again stays pending, and is `taken_back`)."""
     pods = _pods(snap)
-    evicted = set(run.get("evictions") or ())
-    binds = [(b[0], b[1], b[2:]) for b in run.get("binds") or ()]
     running = {PodStatus.RUNNING, PodStatus.RELEASING}
-    # a pending pod pipelined and then evicted again stays pending; a running pod that is
-    # evicted once and pipelined is a consolidation move (KAI's statement commits the eviction,
-    # then the pipelining on the new node), and stays pipelined there
-    times = Counter(run.get("evictions") or ())
-    pipelined = {p[0]: p[1] for p in run.get("pipelined") or ()
-                 if p[0] not in evicted or (pods[p[0]].status in running and times[p[0]] == 1)}
-    return Decisions(binds=_normalise(snap, binds), pipelined=pipelined,
+    last: dict[str, list[str]] = {}
+    for event in run.get("events") or ():
+        last[event[1]] = event
+    evicted = {e[1] for e in run.get("events") or () if e[0] == "evict"}
+    binds = [(b[0], b[1], b[2:]) for b in run.get("binds") or ()]
+    return Decisions(binds=_normalise(snap, binds),
+                     pipelined={pod: e[2] for pod, e in last.items() if e[0] == "pipeline"},
                      evictions=frozenset(p for p in evicted if pods[p].status in running),
-                     raw_groups={b[0]: tuple(b[2:]) for b in run.get("binds") or ()})
+                     raw_groups={b[0]: tuple(b[2:]) for b in run.get("binds") or ()},
+                     taken_back=frozenset(p for p in evicted if pods[p].status
+                                          == PodStatus.PENDING and last[p][0] == "evict"))
 
 
 def our_decisions(snap: Snapshot, result: CycleResult) -> Decisions:
@@ -354,9 +357,7 @@ def fuzz(seeds: Sequence[int], rounds: int = 4, runs: int = 3, procs: int = 8,
                 theirs = [kai_decisions(snap, run) for run in answer["runs"]]
                 ours = our_decisions(snap, schedule(snap, config, now=0.0, core=core))
                 out.kai_varied += len(set(map(_key, theirs))) > 1
-                out.taken_back += sum(
-                    1 for p in set(answer["runs"][0].get("evictions") or ())
-                    if _pods(snap)[p].status == PodStatus.PENDING)
+                out.taken_back += len(theirs[0].taken_back)
                 if ours in theirs:
                     out.rounds += 1
                     out.decided += len(ours.binds) + len(ours.pipelined) + len(ours.evictions)
