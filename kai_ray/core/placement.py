@@ -126,8 +126,12 @@ def _predicates(sess: Session, task: Task) -> tuple[list[tuple[BoolArray, str]],
             preds.append((sess.gpu_mem_synced & (sess.gpu_mem >= req.gpu_memory_mib), R_GPU_MEM))
         cost = _cost_vector(sess, task)[:, None]
         live = sess.dev_on & (sess.dev_rel < sess.dev_used)  # not entirely releasing
-        fit_groups = (live & (MILLI - sess.dev_used + sess.dev_rel - cost >= 0)).sum(axis=1)
-        idle_groups = (live & (MILLI - sess.dev_used - cost >= 0)).sum(axis=1)
+        fit = live & (MILLI - sess.dev_used + sess.dev_rel - cost >= 0)
+        fit_groups = fit.sum(axis=1)
+        # on idle: of those, the devices some unpipelined sharer holds with idle room (KAI's
+        # EnoughIdleResourcesOnGpu, asked of fitting devices only: with pipelined sharers,
+        # charged to releasing, the idle room may be more than the room)
+        idle_groups = (fit & (sess.dev_used > 0) & (MILLI - sess.dev_used - cost >= 0)).sum(axis=1)
         idle_whole = sess.cap_gpu - sess.used_gpu
         rel_whole = sess.rel_gpu
         preds.append((fit_groups + idle_whole + rel_whole >= req.fraction_devices, R_GPU))
@@ -191,7 +195,7 @@ def fits_node(sess: Session, task: Task, node: int) -> tuple[bool, bool]:
         if len(fitting) + idle_whole + rel_whole < req.fraction_devices:
             return False, False
         cost = sess.device_cost(req, node)
-        idle_groups = sum(1 for g in fitting if MILLI - g.used - cost >= 0)
+        idle_groups = sum(1 for g in fitting if g.used > 0 and MILLI - g.used - cost >= 0)
         return True, idle and idle_groups + idle_whole >= req.fraction_devices
     return True, idle
 
@@ -277,9 +281,9 @@ def choose_devices(sess: Session, task: Task, node: int) -> tuple[tuple[str, ...
     pack = _device_order(sess) != "gpuspread"
     cands: list[tuple[float, int, str | None, bool]] = []
     for order, g in enumerate(sorted(fitting, key=lambda g: g.gid)):
-        used = g.used / MILLI
+        used = (g.used + g.pipelined) / MILLI  # every sharer (KAI's GetUsedGpuPortion)
         score = used if pack else 1.0 - used
-        cands.append((score, order, g.gid, MILLI - g.used - cost >= 0))
+        cands.append((score, order, g.gid, g.used > 0 and MILLI - g.used - cost >= 0))
     base = len(cands)
     for i in range(idle_whole + rel_whole):
         cands.append((0.0 if pack else 1.0, base + i, None, i < idle_whole))
@@ -447,9 +451,9 @@ def _may_fit_on_idle(sess: Session, task: Task, nodes: npt.NDArray[np.intp]) -> 
     req = task.req
     if req.gpus:
         return bool((idle_whole >= req.gpus).any())
-    used = sess.dev_used[nodes]
-    live = sess.dev_on[nodes] & (sess.dev_rel[nodes] < used)
-    idle_groups = (live & (MILLI - used - req.gpu_fraction_milli >= 0)).sum(axis=1)
+    used, rel, cost = sess.dev_used[nodes], sess.dev_rel[nodes], req.gpu_fraction_milli
+    fit = sess.dev_on[nodes] & (rel < used) & (MILLI - used + rel - cost >= 0)
+    idle_groups = (fit & (used > 0) & (MILLI - used - cost >= 0)).sum(axis=1)
     return bool((idle_whole + idle_groups >= req.fraction_devices).any())
 
 

@@ -179,10 +179,38 @@ def run_action(sess: Session, action: str, result: CycleResult) -> None:
 # allocated pods are reported as binding
 _REPORTED = {status: status.value for status in PodStatus}
 _REPORTED[PodStatus.ALLOCATED] = PodStatus.BINDING.value
+_PENDING = PodStatus.PENDING.value
+
+
+def _live(task: Task) -> Task:
+    """Where the pod is now: its last copy if it was moved (a copy may be moved again)."""
+    while task.moved is not None:
+        task = task.moved
+    return task
+
+
+def _taken_back(task: Task) -> bool:
+    """A pod pending when the cycle began, placed in it and evicted again (a victim of a later
+    action): it stays pending, neither pipelined nor evicted (KAI's eviction of a pod it has not
+    bound)."""
+    return task.orig_status == PodStatus.PENDING and task.status == PodStatus.RELEASING
+
+
+def _alive(task: Task) -> bool:
+    """Whether the pod counts as there for its job's readiness, once (a moved pod where it went;
+    a pod taken back is pending again)."""
+    if task.origin is not None:
+        return False
+    if _taken_back(task):
+        return True
+    status = _live(task).status
+    return status in ALIVE and status != PodStatus.GATED
 
 
 def _outcome(sess: Session, task: Task) -> PodOutcome:
-    live = task.moved or task
+    if _taken_back(task):
+        return PodOutcome(_PENDING, None, ())
+    live = _live(task)
     node = sess.nodes[live.node].name if live.node >= 0 else None
     return PodOutcome(_REPORTED[live.status], node, live.groups)
 
@@ -193,7 +221,9 @@ def _collect(sess: Session, result: CycleResult, existing_groups: set[str]) -> N
             continue
         job = task.job
         result.pods[task.name] = _outcome(sess, task)
-        live = task.moved or task
+        if _taken_back(task):
+            continue
+        live = _live(task)
         if task.orig_status == PodStatus.PENDING and live.status == PodStatus.ALLOCATED:
             portion = sess.portion(task.req, live.node) if task.req.is_shared else 0.0
             result.binds.append(Bind(
@@ -225,7 +255,8 @@ def _t(v: list[float]) -> tuple[float, float, float]:
 
 def _job_statuses(sess: Session, result: CycleResult) -> None:
     for job in sess.pending_jobs:
-        pending = [t.name for t in job.tasks if t.status == PodStatus.PENDING and t.origin is None]
+        pending = [t.name for t in job.tasks if t.origin is None and (
+            t.status == PodStatus.PENDING or _taken_back(t))]
         if not pending:
             continue
         fit = None
@@ -236,9 +267,10 @@ def _job_statuses(sess: Session, result: CycleResult) -> None:
         elif not sess.is_leaf(job.queue):
             reason = "QueueNotLeaf"
             message = f"Queue '{job.queue}' has child queues; only leaf queues run workloads"
-        elif not job.is_ready():
+        elif not all(sum(1 for t in ps.tasks if _alive(t)) >= ps.min_member
+                     for ps in job.podsets.values()):
             # a releasing pod is neither: it is going away (KAI's aliveStatuses)
-            alive = sum(1 for t in job.tasks if t.status in ALIVE and t.status != PodStatus.GATED)
+            alive = sum(1 for t in job.tasks if _alive(t))
             gated = sum(1 for t in job.tasks if t.status == PodStatus.GATED)
             minimum = sum(ps.min_member for ps in job.podsets.values())
             reason = "NotReady"

@@ -340,13 +340,19 @@ class EvictInfo:
 
 
 class Group:
-    """A shared GPU device (KAI GPU group): usage in milli of the device (`used`: all active
-    sharers, releasing ones included)."""
+    """A shared GPU device (KAI GPU group): usage in milli of the device. As KAI counts it
+    (gpu_sharing_node_info.go), a pipelined sharer is not charged to the device's idle room
+    but to its releasing room: `used` is the active sharers but pipelined ones (releasing
+    ones included; KAI's AllocatedSharedGPUsMemory), `releasing` the releasing ones less the
+    pipelined ones (KAI's ReleasingSharedGPUsMemory: may be negative), `pipelined` what the
+    pipelined ones take. So the room, `MILLI - used + releasing`, counts every sharer once,
+    and `used + pipelined` is all of them (KAI's UsedSharedGPUsMemory)."""
 
-    __slots__ = ("gid", "releasing", "tasks", "used")
+    __slots__ = ("gid", "pipelined", "releasing", "tasks", "used")
 
     def __init__(self, gid: str, used: int = 0, releasing: int = 0) -> None:
         self.gid, self.used, self.releasing = gid, used, releasing
+        self.pipelined = 0
         self.tasks: set[int] = set()
 
 
@@ -443,11 +449,12 @@ class _Views:
 class _Load:
     """What loading the snapshot's pods collects on the way (see `Session._load_task`)."""
 
-    __slots__ = ("gpu_nodes", "groups", "pending", "releasing")
+    __slots__ = ("gpu_nodes", "groups", "pending", "pipelined", "releasing")
 
     def __init__(self) -> None:
         self.gpu_nodes: dict[int, bool] = {}  # GPU nodes, and whether shared devices changed
         self.releasing: list[Task] = []
+        self.pipelined: list[Task] = []
         self.pending: set[int] = set()  # ids of jobs with a pending task
         self.groups: set[str] = set()  # shared-device ids in use
 
@@ -478,13 +485,17 @@ class Session:
         self.node_labels = [dict(n.labels) for n in nodes]
         self.node_taints = [n.taints for n in nodes]
         self.any_taints = any(self.node_taints)
-        # usage: "used" includes releasing pods; "rel" is the releasing part
+        # usage as KAI's NodeInfo splits it (addTaskResources): "used" is what idle lacks
+        # (cap - used is KAI's Idle): all active pods, releasing ones included, but pipelined
+        # ones; "rel" is KAI's Releasing: the releasing pods less the pipelined ones, which
+        # wait for them (so it may be negative). cap - used + rel counts every pod once.
         self.used_cpu = np.zeros(count, dtype=np.int64)
         self.rel_cpu = np.zeros(count, dtype=np.int64)
         self.used_mem = np.zeros(count, dtype=np.int64)
         self.rel_mem = np.zeros(count, dtype=np.int64)
         self.used_pods = np.zeros(count, dtype=np.int64)
-        # whole-GPU pods' devices, and the releasing part (one node at a time only: lists)
+        # whole-GPU pods' devices, and the releasing part, split as above (one node at a
+        # time only: lists)
         self.whole_used = [0] * count
         self.whole_rel = [0] * count
         self.used_gpu = np.zeros(count, dtype=np.int64)  # whole + one per shared group
@@ -655,6 +666,8 @@ class Session:
                 load.gpu_nodes[node] = load.gpu_nodes.get(node, False) or not req.gpus
             if status == PodStatus.RELEASING:
                 load.releasing.append(task)
+            elif status == PodStatus.PIPELINED:
+                load.pipelined.append(task)
         job = task.job
         if job.queue not in self.queues:
             return
@@ -679,6 +692,8 @@ class Session:
             self._refresh_gpu(node, devices=devices)
         for task in load.releasing:
             self._mark_releasing(task, +1)
+        for task in load.pipelined:
+            self._pipeline_charge(task, +1)
         self._index_gpu_room()
         self.total = [float(self.cap_cpu[self.schedulable].sum()),
                       float(self.cap_mem[self.schedulable].sum()),
@@ -810,13 +825,22 @@ class Session:
         (`devices` false: they did not change, a whole-GPU pod came or went)."""
         groups = self.groups[node]
         at = self.at
-        used = self.whole_used[node] + len(groups)
+        used = self.whole_used[node]
+        rel = self.whole_rel[node]
+        # a device some unpipelined sharer holds is not idle; one all of whose sharers are
+        # releasing is releasing; one only pipelined sharers hold is taken from releasing
+        # (KAI: a sharer pipelined onto an empty or all-releasing device takes one releasing
+        # GPU, and leaves the idle ones alone)
+        for g in groups.values():
+            if g.used > 0:
+                used += 1
+                if g.used == g.releasing:
+                    rel += 1
+            else:
+                rel -= 1
         if used != at.used_gpu[node]:
             at.used_gpu[node] = used
             self.views.used_gpu[node] = used
-        rel = self.whole_rel[node] + (sum(1 for g in groups.values()
-                                          if g.used > 0 and g.used == g.releasing)
-                                      if groups else 0)
         if rel != at.rel_gpu[node]:
             at.rel_gpu[node] = rel
             self.views.rel_gpu[node] = rel
@@ -859,10 +883,13 @@ class Session:
         self.dev_rel = np.hstack([self.dev_rel, np.zeros((count, pad), dtype=np.int64)])
         self.dev_on = np.hstack([self.dev_on, np.zeros((count, pad), dtype=bool)])
 
-    def _place_resources(self, task: Task, node: int, groups: tuple[str, ...]) -> None:
+    def _place_resources(self, task: Task, node: int, groups: tuple[str, ...],
+                         pipelined: bool = False) -> None:
         req = task.req
         self._add_usage(node, req.cpu_m, req.memory, 1)
         self._hold_gpus(task, node, groups)
+        if pipelined:
+            self._pipeline_charge(task, +1, refresh=False)
         if req.wants_gpu:
             self._refresh_gpu(node, devices=not req.gpus)
 
@@ -887,6 +914,8 @@ class Session:
         task.accepted_gpu = self.task_queue_amount(task)[GPU]
 
     def _remove_resources(self, task: Task) -> None:
+        if task.status == PodStatus.PIPELINED:
+            self._pipeline_charge(task, -1, refresh=False)
         node, req = task.node, task.req
         self._add_usage(node, -req.cpu_m, -req.memory, -1)
         if req.gpus:
@@ -938,6 +967,45 @@ class Session:
         if req.wants_gpu:
             self._refresh_gpu(node, devices=not req.gpus)
 
+    def _pipeline_charge(self, task: Task, sign: int, refresh: bool = True) -> None:
+        """A placed task becomes pipelined (sign +1) or stops being so (-1). KAI charges a
+        Pipelined pod to the node's releasing resources and leaves its idle ones alone
+        (NodeInfo.addTaskResources: Releasing -= request, Idle unchanged): the task's amounts
+        leave `used` and `rel` both (see `__init__`), so the room with releasing stays."""
+        node, req = task.node, task.req
+        if node < 0:
+            return
+        at = self.at
+        cpu, memory = sign * req.cpu_m, sign * req.memory
+        self._add_usage(node, -cpu, -memory, 0)
+        if cpu:
+            value = at.rel_cpu[node] - cpu
+            at.rel_cpu[node] = value
+            self.views.rel_cpu[node] = value
+        if memory:
+            value = at.rel_mem[node] - memory
+            at.rel_mem[node] = value
+            self.views.rel_mem[node] = value
+        if req.gpus:
+            self.whole_used[node] = self.whole_used[node] - sign * req.gpus
+            self.whole_rel[node] = self.whole_rel[node] - sign * req.gpus
+        elif req.is_shared:
+            cost = sign * task.gpu_mem_cost
+            for gid in task.groups:
+                group = self.groups[node][gid]
+                group.used -= cost
+                group.releasing -= cost
+                group.pipelined += cost
+        if refresh and req.wants_gpu:
+            self._refresh_gpu(node, devices=not req.gpus)
+
+    def _set_charge(self, task: Task, old: PodStatus, new: PodStatus) -> None:
+        """The node charge of a task whose status goes from `old` to `new` (both placed)."""
+        if old == PodStatus.PIPELINED and new != PodStatus.PIPELINED:
+            self._pipeline_charge(task, -1)
+        elif new == PodStatus.PIPELINED and old != PodStatus.PIPELINED:
+            self._pipeline_charge(task, +1)
+
     def _queue_add(self, task: Task, sign: int) -> None:
         if task.job.queue not in self.queues:
             return
@@ -977,7 +1045,7 @@ class Session:
             self._move(task, node, groups)
             return
         prev = (task.status, task.node, task.groups)
-        self._place_resources(task, node, groups)
+        self._place_resources(task, node, groups, pipelined)
         task.status = PodStatus.PIPELINED if pipelined else PodStatus.ALLOCATED
         self._queue_add(task, +1)
         self.undo.append(("alloc", task, prev))
@@ -997,21 +1065,24 @@ class Session:
         podset = task.job.podsets.get(task.subgroup) or task.job.podsets["default"]
         podset.tasks.append(copy)
         task.moved = copy
-        self._place_resources(copy, node, groups)
+        self._place_resources(copy, node, groups, True)
         copy.status = PodStatus.PIPELINED
         self._queue_add(copy, +1)
         self.undo.append(("move", task, copy))
         task.job.changes += 1
 
     def set_status(self, task: Task, status: PodStatus) -> None:
-        """Switch between Allocated and Pipelined (same resources, same queue charge)."""
+        """Switch between Allocated and Pipelined (same resources, same queue charge; the
+        node charge moves between idle and releasing, `_pipeline_charge`)."""
         self.undo.append(("status", task, task.status))
+        self._set_charge(task, task.status, status)
         task.status = status
         task.job.changes += 1
 
     def evict(self, task: Task) -> None:
         prev = task.status
         self._queue_add(task, -1)
+        self._set_charge(task, prev, PodStatus.RELEASING)
         task.status = PodStatus.RELEASING
         self._mark_releasing(task, +1)
         self.undo.append(("evict", task, prev))
@@ -1022,6 +1093,7 @@ class Session:
         prev_status = entry[2]
         assert isinstance(prev_status, PodStatus)
         self._mark_releasing(task, -1)
+        self._set_charge(task, PodStatus.RELEASING, prev_status)
         task.status = prev_status
         self._queue_add(task, +1)
         self.undo.append(("unevict", task, prev_status))
@@ -1044,10 +1116,12 @@ class Session:
             elif op == "evict":
                 assert isinstance(prev, PodStatus)
                 self._mark_releasing(task, -1)
+                self._set_charge(task, PodStatus.RELEASING, prev)
                 task.status = prev
                 self._queue_add(task, +1)
             elif op == "status":
                 assert isinstance(prev, PodStatus)
+                self._set_charge(task, task.status, prev)
                 task.status = prev
             elif op == "move":
                 assert isinstance(prev, Task)
@@ -1062,6 +1136,7 @@ class Session:
                 self.tasks.pop()
             elif op == "unevict":
                 self._queue_add(task, -1)
+                self._set_charge(task, task.status, PodStatus.RELEASING)
                 task.status = PodStatus.RELEASING
                 self._mark_releasing(task, +1)
 

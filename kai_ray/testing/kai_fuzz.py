@@ -196,6 +196,8 @@ class Decisions:
     evictions: frozenset[str]  # pods that were running
     raw_groups: dict[str, tuple[str, ...]] = field(default_factory=dict, compare=False)
     taken_back: frozenset[str] = field(default=frozenset(), compare=False)
+    # bound and evicted in one cycle (kai-ray takes no pod bound in the cycle: DEV-02)
+    bound_taken_back: frozenset[str] = field(default=frozenset(), compare=False)
 
     def diff(self, other: Decisions) -> list[str]:
         """What differs, as lines: `self` is KAI, `other` kai_ray."""
@@ -241,13 +243,15 @@ def kai_decisions(snap: Snapshot, run: dict[str, Any]) -> Decisions:
     for event in run.get("events") or ():
         last[event[1]] = event
     evicted = {e[1] for e in run.get("events") or () if e[0] == "evict"}
+    bound = {e[1] for e in run.get("events") or () if e[0] == "bind"}
     binds = [(b[0], b[1], b[2:]) for b in run.get("binds") or ()]
     return Decisions(binds=_normalise(snap, binds),
                      pipelined={pod: e[2] for pod, e in last.items() if e[0] == "pipeline"},
                      evictions=frozenset(p for p in evicted if pods[p].status in running),
                      raw_groups={b[0]: tuple(b[2:]) for b in run.get("binds") or ()},
                      taken_back=frozenset(p for p in evicted if pods[p].status
-                                          == PodStatus.PENDING and last[p][0] == "evict"))
+                                          == PodStatus.PENDING and last[p][0] == "evict"),
+                     bound_taken_back=frozenset(p for p in evicted if p in bound))
 
 
 def our_decisions(snap: Snapshot, result: CycleResult) -> Decisions:
@@ -322,6 +326,7 @@ class Outcome:
     diverged_round: int | None = None
     kai_varied: int = 0  # rounds where KAI's runs differed among themselves
     taken_back: int = 0  # pods KAI pipelined and evicted again in one cycle
+    bound_taken_back: int = 0  # pods KAI bound and evicted again in one cycle
     decided: int = 0  # binds + pipelined + evictions agreed on
     kai_panic: str | None = None  # KAI's own code crashed on the snapshot: the seed stops
     error: str | None = None
@@ -358,13 +363,16 @@ def fuzz(seeds: Sequence[int], rounds: int = 4, runs: int = 3, procs: int = 8,
                 ours = our_decisions(snap, schedule(snap, config, now=0.0, core=core))
                 out.kai_varied += len(set(map(_key, theirs))) > 1
                 out.taken_back += len(theirs[0].taken_back)
+                out.bound_taken_back += len(theirs[0].bound_taken_back)
                 if ours in theirs:
                     out.rounds += 1
                     out.decided += len(ours.binds) + len(ours.pipelined) + len(ours.evictions)
                     following[seed] = arrivals(next_snapshot(snap, ours), seed, r)
                     continue
                 out.diverged_round = r
-                out.divergence = theirs[0].diff(ours)
+                out.divergence = theirs[0].diff(ours) + [
+                    f"(KAI bound {p} and evicted it in the same cycle)"
+                    for p in sorted(theirs[0].bound_taken_back)]
                 _keep(keep, seed, r, snap)
             live = following
             if progress:
@@ -430,6 +438,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--core", choices=("auto", "python", "native"), default="auto")
     parser.add_argument("--keep", type=pathlib.Path,
                         help="write each diverging snapshot's harness JSON here")
+    parser.add_argument("--known", type=pathlib.Path, metavar="YAML",
+                        help="rewrite this list of known differences from the run "
+                             "(tests/kai_fuzz_known.yaml: causes kept, fixed seeds dropped)")
     parser.add_argument("--show", type=int, metavar="SEED", help="print one seed in full")
     parser.add_argument("--kai-log", type=int, metavar="LEVEL",
                         help="with --show: write KAI's own log at this verbosity (7: scores)")
@@ -441,7 +452,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     print(f"KAI-scheduler {kai_version()} against kai_ray's core ({args.core}): seeds "
           f"{seeds.start}..{seeds.stop - 1}, {args.rounds} rounds, {args.runs} KAI runs each")
     outcomes = fuzz(list(seeds), args.rounds, args.runs, args.procs, args.core, args.keep)
+    if args.known is not None:
+        update_known(args.known, outcomes)
     return report(outcomes)
+
+
+def update_known(path: pathlib.Path, outcomes: list[Outcome]) -> None:
+    """Rewrite the list of known differences (tests/kai_fuzz_known.yaml) from this run: a seed
+    that still differs keeps its cause, a new one gets its first difference to attribute, one
+    that no longer differs goes."""
+    import yaml
+
+    head, old = "", {}
+    if path.exists():
+        text = path.read_text()
+        head = "".join(line + "\n" for line in text.splitlines() if line.startswith("#"))
+        old = {int(k): v for k, v in (yaml.safe_load(text).get("seeds") or {}).items()}
+    seeds = {}
+    for o in outcomes:
+        if o.divergence:
+            seeds[o.seed] = old.get(o.seed) or (f"not yet attributed (round {o.diverged_round}: "
+                                                f"{o.divergence[0]})")
+    body = yaml.safe_dump({"seeds": seeds}, width=100, sort_keys=True)
+    path.write_text(head + body)
+    print(f"{path}: {len(seeds)} seeds ({len(set(seeds) - set(old))} new, "
+          f"{len(set(old) - set(seeds))} gone)", file=sys.stderr)
 
 
 def report(outcomes: list[Outcome]) -> int:
@@ -459,7 +494,8 @@ def report(outcomes: list[Outcome]) -> int:
           f" decisions), {len(diverged)} seeds diverged, {len(errors)} errors, KAI's code "
           f"panicked on {len(panics)}; KAI's own runs "
           f"differed in {sum(o.kai_varied for o in outcomes)} rounds; KAI took back "
-          f"{sum(o.taken_back for o in outcomes)} pods it pipelined in the same cycle")
+          f"{sum(o.taken_back for o in outcomes)} pods it pipelined in the same cycle and "
+          f"{sum(o.bound_taken_back for o in outcomes)} it bound")
     return 1 if diverged or errors else 0
 
 

@@ -335,9 +335,12 @@ def _check_gpu_index(sess: Session) -> None:
     idle_counts: dict[int, int] = {}
     for n in range(len(sess.nodes)):
         groups = list(sess.groups[n].values())
-        used = int(sess.whole_used[n]) + len(groups)
-        rel = int(sess.whole_rel[n]) + sum(1 for g in groups
-                                           if g.used > 0 and g.used == g.releasing)
+        # a device with an unpipelined sharer is used, releasing if they all are; one only
+        # pipelined sharers hold is taken from releasing (KAI's charge of a Pipelined pod)
+        used = int(sess.whole_used[n]) + sum(1 for g in groups if g.used > 0)
+        rel = (int(sess.whole_rel[n])
+               + sum(1 for g in groups if g.used > 0 and g.used == g.releasing)
+               - sum(1 for g in groups if g.used <= 0))
         assert (int(sess.used_gpu[n]), int(sess.rel_gpu[n])) == (used, rel), n
         # the list copies one-node reads use, against the arrays whole-cluster passes use
         at = sess.at
@@ -373,7 +376,7 @@ def _check_gpu_index(sess: Session) -> None:
     assert sess.idle_counts == idle_counts
 
 
-@pytest.mark.parametrize("seed", [1, 5])
+@pytest.mark.parametrize("seed", [1, 5, 7])
 def test_the_gpu_room_index_follows_every_change(seed):
     """Checked after every allocation, eviction and rollback of a cycle (whole-GPU and
     fractional pods, devices with releasing sharers, victim simulations)."""
@@ -394,7 +397,7 @@ def test_the_gpu_room_index_follows_every_change(seed):
             patch.setattr(Session, name, checking(getattr(Session, name)))
         result = schedule(snapshot, _config(False), 0.0)
     assert result.evictions
-    assert {name: checks.count(name) > 50 for name in ("allocate", "evict", "rollback")} == {
+    assert {name: checks.count(name) >= 50 for name in ("allocate", "evict", "rollback")} == {
         "allocate": True, "evict": True, "rollback": True}
 
 

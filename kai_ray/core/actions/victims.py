@@ -90,12 +90,15 @@ class VictimUnit:
 
 
 def victim_units(jobs: Iterable[JobState]) -> list[VictimUnit]:
-    """Victim candidates: pods that were already placed when the cycle began. A pod allocated
-    earlier in this same cycle is not bound yet; evicting it could split its gang's first bind."""
+    """Victim candidates: pods placed when the cycle began, and pods pipelined in this cycle
+    (KAI's active-allocated pods: a pipelined pod taken back is not bound; it stays pending, and
+    the cycle reports it neither pipelined nor evicted). A pod allocated in this cycle is not: it
+    is bound when the cycle ends, and a later action of the same cycle taking it back would split
+    its gang's first bind or evict what was just bound (KAI binds it and evicts it)."""
     return [unit for job in jobs if (unit := unit_of(job)) is not None]
 
 
 def unit_of(job: JobState) -> VictimUnit | None:
-    tasks = [t for t in job.tasks if t.status in _VICTIM_STATES and t.moved is None
-             and t.orig_status in _VICTIM_STATES]
+    tasks = [t for t in job.tasks if t.status == PodStatus.PIPELINED or (
+        t.status in _VICTIM_STATES and t.moved is None and t.orig_status in _VICTIM_STATES)]
     return VictimUnit(job, tasks) if tasks else None

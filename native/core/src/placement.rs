@@ -6,7 +6,7 @@
 use crate::constraints::{affinity_matches, untolerated, Taint};
 use crate::model::GpuPacking;
 use crate::packing;
-use crate::state::{NodeMasks, Session, MILLI};
+use crate::state::{Group, NodeMasks, Session, MILLI};
 
 pub const R_GPU: &str = "didn't have enough resources: GPUs";
 pub const R_GPU_MEM: &str = "didn't have enough resources: GPU memory";
@@ -178,11 +178,11 @@ pub fn feasible(sess: &mut Session, task: usize, explain: bool) -> (Vec<bool>, V
             let cost = cost_at(sess, &req, n);
             let (mut fit, mut idle) = (0, 0);
             for g in &sess.groups[n] {
-                if g.releasing < g.used {
-                    if MILLI - g.used + g.releasing - cost >= 0 {
-                        fit += 1;
-                    }
-                    if MILLI - g.used - cost >= 0 {
+                if g.releasing < g.used && MILLI - g.used + g.releasing - cost >= 0 {
+                    fit += 1;
+                    // of the devices it fits on, those with idle room (KAI's
+                    // EnoughIdleResourcesOnGpu): with pipelined sharers, more than the room
+                    if idle_room(g, cost) {
                         idle += 1;
                     }
                 }
@@ -255,11 +255,9 @@ fn feasible_at(sess: &mut Session, task: usize, n: usize) -> (bool, bool) {
         let cost = cost_at(sess, &req, n);
         let (mut fit, mut idle_groups) = (0, 0);
         for g in &sess.groups[n] {
-            if g.releasing < g.used {
-                if MILLI - g.used + g.releasing - cost >= 0 {
-                    fit += 1;
-                }
-                if MILLI - g.used - cost >= 0 {
+            if g.releasing < g.used && MILLI - g.used + g.releasing - cost >= 0 {
+                fit += 1;
+                if idle_room(g, cost) {
                     idle_groups += 1;
                 }
             }
@@ -429,7 +427,7 @@ pub fn fits_node(sess: &mut Session, task: usize, node: i32) -> (bool, bool) {
         }
         let cost = sess.device_cost(&req, node);
         let idle_groups =
-            fitting.iter().filter(|&&i| MILLI - sess.groups[n][i].used - cost >= 0).count() as i64;
+            fitting.iter().filter(|&&i| idle_room(&sess.groups[n][i], cost)).count() as i64;
         return (true, idle && idle_groups + idle_whole >= req.fraction_devices);
     }
     (true, idle)
@@ -556,9 +554,10 @@ pub fn choose_devices(sess: &mut Session, task: usize, node: i32) -> (Vec<u32>, 
     let mut cands: Vec<(f64, usize, Option<u32>, bool)> = Vec::new();
     for (order, &i) in sorted.iter().enumerate() {
         let g = &sess.groups[n][i];
-        let used = g.used as f64 / MILLI as f64;
+        // every sharer (KAI's GetUsedGpuPortion)
+        let used = (g.used + g.pipelined) as f64 / MILLI as f64;
         let score = if pack { used } else { 1.0 - used };
-        cands.push((score, order, Some(g.gid), MILLI - g.used - cost >= 0));
+        cands.push((score, order, Some(g.gid), idle_room(g, cost)));
     }
     let base = cands.len();
     for i in 0..(idle_whole + rel_whole).max(0) {
@@ -778,7 +777,11 @@ fn may_fit_on_idle(sess: &Session, task: usize, nodes: &[i32]) -> bool {
         }
         let idle_groups = sess.groups[n]
             .iter()
-            .filter(|g| g.releasing < g.used && MILLI - g.used - req.gpu_fraction_milli >= 0)
+            .filter(|g| {
+                g.releasing < g.used
+                    && MILLI - g.used + g.releasing - req.gpu_fraction_milli >= 0
+                    && idle_room(g, req.gpu_fraction_milli)
+            })
             .count() as i64;
         idle_whole + idle_groups >= req.fraction_devices
     })
@@ -824,4 +827,12 @@ pub fn place_on(sess: &mut Session, task: usize, node: i32, on_idle: bool) -> Ch
         return Choice { node, groups, new_groups, on_idle: devices_idle && on_idle };
     }
     Choice { node, groups: Vec::new(), new_groups: Vec::new(), on_idle }
+}
+
+/// Whether a shared device has idle room for `cost` (KAI's EnoughIdleResourcesOnGpu: a device
+/// only pipelined sharers hold has none). Asked of devices with room for it (`MILLI - used +
+/// releasing`): with pipelined sharers the idle room may be the larger (they are charged to
+/// releasing), and KAI asks it only of the devices that fit.
+fn idle_room(g: &Group, cost: i64) -> bool {
+    g.used > 0 && MILLI - g.used - cost >= 0
 }

@@ -11,7 +11,7 @@ use crate::fairshare::{divide, ShareInput};
 use crate::model::{PodStatus, SchedulerConfig, Snapshot};
 use crate::pyfmt::fmt_g;
 use crate::queuetree::QUEUE_PARENT_CYCLE;
-use crate::state::{Amounts, EvictMessage, Session};
+use crate::state::{Amounts, EvictMessage, Session, Task};
 
 pub struct PodOutcome {
     pub status: PodStatus,
@@ -153,6 +153,35 @@ fn reported(status: PodStatus) -> PodStatus {
     }
 }
 
+/// Where the pod is now: its last copy if it was moved (a copy may be moved again).
+fn live_of(sess: &Session, mut idx: usize) -> usize {
+    while let Some(copy) = sess.tasks[idx].moved {
+        idx = copy;
+    }
+    idx
+}
+
+/// A pod pending when the cycle began, placed in it and evicted again (a victim of a later
+/// action): it stays pending, neither pipelined nor evicted (KAI's eviction of a pod it has not
+/// bound).
+fn taken_back(task: &Task) -> bool {
+    task.orig_status == PodStatus::Pending && task.status == PodStatus::Releasing
+}
+
+/// Whether the pod counts as there for its job's readiness, once (a moved pod where it went; a
+/// pod taken back is pending again).
+fn alive_once(sess: &Session, idx: usize) -> bool {
+    let task = &sess.tasks[idx];
+    if task.origin.is_some() {
+        return false;
+    }
+    if taken_back(task) {
+        return true;
+    }
+    let status = sess.tasks[live_of(sess, idx)].status;
+    status.alive() && status != PodStatus::Gated
+}
+
 fn collect(
     mut sess: Session,
     existing_groups: FxHashSet<u32>,
@@ -169,7 +198,15 @@ fn collect(
         if task.origin.is_some() {
             continue;
         }
-        let live = &sess.tasks[task.moved.unwrap_or(idx)];
+        if taken_back(task) {
+            pods.push(PodOutcome {
+                status: PodStatus::Pending,
+                node: -1,
+                groups: Some(Vec::new()),
+            });
+            continue;
+        }
+        let live = &sess.tasks[live_of(&sess, idx)];
         pods.push(PodOutcome {
             status: reported(live.status),
             node: live.node,
@@ -312,7 +349,8 @@ fn job_statuses(sess: &mut Session) -> Vec<JobStatus> {
             .iter()
             .copied()
             .filter(|&t| {
-                sess.tasks[t].status == PodStatus::Pending && sess.tasks[t].origin.is_none()
+                let task = &sess.tasks[t];
+                task.origin.is_none() && (task.status == PodStatus::Pending || taken_back(task))
             })
             .collect();
         if pending.is_empty() {
@@ -328,14 +366,12 @@ fn job_statuses(sess: &mut Session) -> Vec<JobStatus> {
                 "QueueNotLeaf".to_string(),
                 format!("Queue '{}' has child queues; only leaf queues run workloads", js.queue),
             )
-        } else if !sess.is_ready(job) {
+        } else if !js.podsets.iter().all(|ps| {
+            ps.tasks.iter().filter(|&&t| alive_once(sess, t)).count() as i64 >= ps.min_member
+        }) {
             // a releasing pod is neither: it is going away (KAI's aliveStatuses)
             let status = |t: &usize| sess.tasks[*t].status;
-            let alive = js
-                .tasks
-                .iter()
-                .filter(|t| status(t).alive() && status(t) != PodStatus::Gated)
-                .count();
+            let alive = js.tasks.iter().filter(|&&t| alive_once(sess, t)).count();
             let gated = js.tasks.iter().filter(|t| status(t) == PodStatus::Gated).count();
             let minimum: i64 = js.podsets.iter().map(|ps| ps.min_member).sum();
             (

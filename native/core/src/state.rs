@@ -187,8 +187,13 @@ pub struct EvictInfo {
 #[derive(Clone, Debug)]
 pub struct Group {
     pub gid: u32,
+    /// the active sharers but pipelined ones (KAI's AllocatedSharedGPUsMemory)
     pub used: i64,
+    /// the releasing sharers less the pipelined ones (KAI's ReleasingSharedGPUsMemory: may be
+    /// negative); `MILLI - used + releasing` is the room, every sharer counted once
     pub releasing: i64,
+    /// what the pipelined sharers take (`used + pipelined`: KAI's UsedSharedGPUsMemory)
+    pub pipelined: i64,
     pub tasks: Vec<usize>,
 }
 
@@ -259,7 +264,9 @@ pub struct Session {
     pub max_pods: Vec<i64>,
     pub gpu_mem: Vec<i64>,
     pub gpu_mem_synced: Vec<bool>,
-    // usage: "used" includes releasing pods; "rel" is the releasing part
+    // usage as KAI's NodeInfo splits it (addTaskResources): "used" is what idle lacks (all
+    // active pods, releasing ones included, but pipelined ones); "rel" is KAI's Releasing:
+    // the releasing pods less the pipelined ones (may be negative)
     pub used_cpu: Vec<i64>,
     pub rel_cpu: Vec<i64>,
     pub used_mem: Vec<i64>,
@@ -796,6 +803,8 @@ impl Session {
             }
             if status == PodStatus::Releasing {
                 load.releasing.push(idx);
+            } else if status == PodStatus::Pipelined {
+                load.pipelined.push(idx);
             }
         }
         let Some(q) = self.jobs[job].queue_id else { return };
@@ -825,6 +834,9 @@ impl Session {
         }
         for &t in &load.releasing {
             self.mark_releasing(t, 1);
+        }
+        for &t in &load.pipelined {
+            self.pipeline_charge(t, 1, true);
         }
         self.index_gpu_room();
         let mut total = [0i64; 3];
@@ -967,10 +979,22 @@ impl Session {
     /// Recount the node's GPUs (`devices` false: its shared devices did not change).
     fn refresh_gpu(&mut self, node: i32, devices: bool) {
         let n = node as usize;
-        let groups = &self.groups[n];
-        self.used_gpu[n] = self.whole_used[n] + groups.len() as i64;
-        self.rel_gpu[n] = self.whole_rel[n]
-            + groups.iter().filter(|g| g.used > 0 && g.used == g.releasing).count() as i64;
+        // a device some unpipelined sharer holds is not idle; one all of whose sharers are
+        // releasing is releasing; one only pipelined sharers hold is taken from releasing (KAI:
+        // a sharer pipelined onto an empty or all-releasing device takes a releasing GPU)
+        let (mut used, mut rel) = (self.whole_used[n], self.whole_rel[n]);
+        for g in &self.groups[n] {
+            if g.used > 0 {
+                used += 1;
+                if g.used == g.releasing {
+                    rel += 1;
+                }
+            } else {
+                rel -= 1;
+            }
+        }
+        self.used_gpu[n] = used;
+        self.rel_gpu[n] = rel;
         self.node_ver[n] += 1;
         if self.config.gpu_packing == GpuPacking::Lookahead {
             let slots = crate::packing::slot_count(self, n);
@@ -984,10 +1008,13 @@ impl Session {
         }
     }
 
-    fn place_resources(&mut self, task: usize, node: i32, groups: Vec<u32>) {
+    fn place_resources(&mut self, task: usize, node: i32, groups: Vec<u32>, pipelined: bool) {
         let req = self.tasks[task].req;
         self.add_usage(node, req.cpu_m, req.memory, 1);
         self.hold_gpus(task, node, groups);
+        if pipelined {
+            self.pipeline_charge(task, 1, false);
+        }
         if req.wants_gpu() {
             self.refresh_gpu(node, req.gpus == 0);
         }
@@ -1009,7 +1036,13 @@ impl Session {
                 let at = match devices.iter().position(|g| g.gid == gid) {
                     Some(at) => at,
                     None => {
-                        devices.push(Group { gid, used: 0, releasing: 0, tasks: Vec::new() });
+                        devices.push(Group {
+                            gid,
+                            used: 0,
+                            releasing: 0,
+                            pipelined: 0,
+                            tasks: Vec::new(),
+                        });
                         devices.len() - 1
                     }
                 };
@@ -1026,6 +1059,9 @@ impl Session {
     }
 
     fn remove_resources(&mut self, task: usize) {
+        if self.tasks[task].status == PodStatus::Pipelined {
+            self.pipeline_charge(task, -1, false);
+        }
         let (node, req) = (self.tasks[task].node, self.tasks[task].req);
         let n = node as usize;
         if node >= 0 {
@@ -1089,6 +1125,49 @@ impl Session {
         }
         if req.wants_gpu() {
             self.refresh_gpu(node, req.gpus == 0);
+        }
+    }
+
+    /// A placed task becomes pipelined (sign 1) or stops being so (-1). KAI charges a Pipelined
+    /// pod to the node's releasing resources and leaves its idle ones alone
+    /// (NodeInfo.addTaskResources): its amounts leave `used` and `rel` both, so the room with
+    /// releasing stays.
+    fn pipeline_charge(&mut self, task: usize, sign: i64, refresh: bool) {
+        let (node, req) = (self.tasks[task].node, self.tasks[task].req);
+        if node < 0 {
+            return;
+        }
+        let n = node as usize;
+        self.node_ver[n] += 1;
+        self.used_cpu[n] -= sign * req.cpu_m;
+        self.used_mem[n] -= sign * req.memory;
+        self.rel_cpu[n] -= sign * req.cpu_m;
+        self.rel_mem[n] -= sign * req.memory;
+        if req.gpus != 0 {
+            self.whole_used[n] -= sign * req.gpus;
+            self.whole_rel[n] -= sign * req.gpus;
+        } else if req.is_shared() {
+            let cost = sign * self.tasks[task].gpu_mem_cost;
+            for i in 0..self.tasks[task].groups.len() {
+                let gid = self.tasks[task].groups[i];
+                if let Some(g) = self.groups[n].iter_mut().find(|g| g.gid == gid) {
+                    g.used -= cost;
+                    g.releasing -= cost;
+                    g.pipelined += cost;
+                }
+            }
+        }
+        if refresh && req.wants_gpu() {
+            self.refresh_gpu(node, req.gpus == 0);
+        }
+    }
+
+    /// The node charge of a placed task whose status goes from `old` to `new`.
+    fn set_charge(&mut self, task: usize, old: PodStatus, new: PodStatus) {
+        if old == PodStatus::Pipelined && new != PodStatus::Pipelined {
+            self.pipeline_charge(task, -1, true);
+        } else if new == PodStatus::Pipelined && old != PodStatus::Pipelined {
+            self.pipeline_charge(task, 1, true);
         }
     }
 
@@ -1157,7 +1236,7 @@ impl Session {
             return;
         }
         let (status, prev_node, prev_groups) = (t.status, t.node, t.groups.clone());
-        self.place_resources(task, node, groups);
+        self.place_resources(task, node, groups, pipelined);
         self.tasks[task].status =
             if pipelined { PodStatus::Pipelined } else { PodStatus::Allocated };
         self.queue_add(task, 1.0);
@@ -1200,16 +1279,19 @@ impl Session {
             js.podsets[p].tasks.push(copy_idx);
         }
         self.tasks[task].moved = Some(copy_idx);
-        self.place_resources(copy_idx, node, groups);
+        self.place_resources(copy_idx, node, groups, true);
         self.tasks[copy_idx].status = PodStatus::Pipelined;
         self.queue_add(copy_idx, 1.0);
         self.undo.push(Undo::Move { task, copy: copy_idx });
         self.bump(task);
     }
 
-    /// Switch between Allocated and Pipelined (same resources, same queue charge).
+    /// Switch between Allocated and Pipelined (same resources, same queue charge; the node
+    /// charge moves between idle and releasing, `pipeline_charge`).
     pub fn set_status(&mut self, task: usize, status: PodStatus) {
-        self.undo.push(Undo::Status { task, prev: self.tasks[task].status });
+        let prev = self.tasks[task].status;
+        self.undo.push(Undo::Status { task, prev });
+        self.set_charge(task, prev, status);
         self.tasks[task].status = status;
         self.bump(task);
     }
@@ -1217,6 +1299,7 @@ impl Session {
     pub fn evict(&mut self, task: usize) {
         let prev = self.tasks[task].status;
         self.queue_add(task, -1.0);
+        self.set_charge(task, prev, PodStatus::Releasing);
         self.tasks[task].status = PodStatus::Releasing;
         self.mark_releasing(task, 1);
         self.undo.push(Undo::Evict { task, prev });
@@ -1234,6 +1317,7 @@ impl Session {
             })
             .expect("unevict: the task was evicted in this session");
         self.mark_releasing(task, -1);
+        self.set_charge(task, PodStatus::Releasing, prev);
         self.tasks[task].status = prev;
         self.queue_add(task, 1.0);
         self.undo.push(Undo::Unevict { task, prev });
@@ -1262,10 +1346,12 @@ impl Session {
                 }
                 Undo::Evict { prev, .. } => {
                     self.mark_releasing(task, -1);
+                    self.set_charge(task, PodStatus::Releasing, prev);
                     self.tasks[task].status = prev;
                     self.queue_add(task, 1.0);
                 }
                 Undo::Status { prev, .. } => {
+                    self.set_charge(task, self.tasks[task].status, prev);
                     self.tasks[task].status = prev;
                 }
                 Undo::Move { copy, .. } => {
@@ -1286,6 +1372,7 @@ impl Session {
                 }
                 Undo::Unevict { .. } => {
                     self.queue_add(task, -1.0);
+                    self.set_charge(task, self.tasks[task].status, PodStatus::Releasing);
                     self.tasks[task].status = PodStatus::Releasing;
                     self.mark_releasing(task, 1);
                 }
@@ -1530,6 +1617,7 @@ struct Load {
     gpu_nodes: FxHashMap<i32, bool>,
     gpu_order: Vec<i32>,
     releasing: Vec<usize>,
+    pipelined: Vec<usize>,
     pending: FxHashSet<usize>,
     groups: FxHashSet<u32>,
 }

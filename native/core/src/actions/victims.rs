@@ -148,8 +148,10 @@ pub fn take_unrecorded(
     (Vec::new(), if remaining.is_empty() { None } else { Some(remaining) })
 }
 
-/// The victim tasks of a job: pods that were already placed when the cycle began (a pod
-/// allocated earlier in this cycle is not bound yet; evicting it could split its gang's bind).
+/// The victim tasks of a job: pods placed when the cycle began, and pods pipelined in this
+/// cycle (KAI's active-allocated pods: a pipelined pod taken back is not bound, it stays
+/// pending). A pod allocated in this cycle is not: it is bound when the cycle ends, and taking it
+/// back would split its gang's first bind or evict what was just bound (KAI binds and evicts it).
 pub fn unit_tasks(sess: &Session, job: usize) -> Vec<usize> {
     sess.jobs[job]
         .tasks
@@ -157,7 +159,10 @@ pub fn unit_tasks(sess: &Session, job: usize) -> Vec<usize> {
         .copied()
         .filter(|&t| {
             let task = &sess.tasks[t];
-            victim_state(task.status) && task.moved.is_none() && victim_state(task.orig_status)
+            task.status == PodStatus::Pipelined
+                || (victim_state(task.status)
+                    && task.moved.is_none()
+                    && victim_state(task.orig_status))
         })
         .collect()
 }
