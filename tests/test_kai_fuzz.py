@@ -113,9 +113,9 @@ def harness() -> pathlib.Path:
 
 def test_the_fuzzer_slice_diverges_only_where_listed(harness: pathlib.Path) -> None:
     known = {int(k): v for k, v in (yaml.safe_load(KNOWN.read_text())["seeds"] or {}).items()}
-    # five KAI runs a round: a seed where KAI varies and kai-ray equals one of its answers must
-    # not fail because the runs missed that answer
-    outcomes = kai_fuzz.fuzz(list(SLICE), rounds=4, runs=5, binary=harness, progress=False)
+    # three KAI runs a round, and twelve more where kai-ray equals none of them: a seed where
+    # KAI varies and kai-ray equals one of its answers must not fail for a draw of Go's map order
+    outcomes = kai_fuzz.fuzz(list(SLICE), rounds=4, runs=3, binary=harness, progress=False)
     assert not [o for o in outcomes if o.error]
     diverged = {o.seed: o.divergence for o in outcomes if o.divergence}
     new = {s: d for s, d in diverged.items() if s not in known}

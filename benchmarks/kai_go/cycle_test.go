@@ -265,6 +265,14 @@ func buildSession(topo test_utils.TestTopologyBasic, ctrl *gomock.Controller, re
 	start := time.Now()
 	jobs, tasksByNode, _ := jobs_fake.BuildJobsAndTasksMaps(topo.Jobs)
 	recountAllocated(jobs)
+	// on a cluster a pod carries its priority class's value, which is part of KAI's scheduling
+	// signature (which failed job lets an action skip another); the test builder sets none
+	for _, job := range jobs {
+		for _, task := range job.GetAllPodsMap() {
+			priority := job.Priority
+			task.Pod.Spec.Priority = &priority
+		}
+	}
 	affinity := cache.NewK8sClusterPodAffinityInfo()
 	nodes := nodes_fake.BuildNodesInfoMap(topo.Nodes, tasksByNode, affinity)
 	queues := test_utils.BuildQueueInfoMap(topo)
