@@ -57,10 +57,10 @@ from kai_ray.core.model import (
     Snapshot,
 )
 from kai_ray.core.result import CycleResult
+from kai_ray.sim.synthetic import OPEN  # unlimited, weight 1
 from kai_ray.testing.kai_harness import build_harness, harness_dir, kai_version, snapshot_json
 
 GIB = 1 << 30
-OPEN = ResourceQuota(-1.0, -1.0, 1.0)
 
 
 # --- random clusters ---------------------------------------------------------------------------
