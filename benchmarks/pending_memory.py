@@ -42,6 +42,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 from kubernetes import client
 
+from kai_ray.api_names import PODGROUP
 from kai_ray.k8s import rawapi
 from kai_ray.k8s.client import api_client
 from kai_ray.testing.nodes import create_gpu_nodes, wait_nodes_ready
@@ -216,8 +217,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
 
         def podgroup(g: int) -> None:
             size = min(args.gang_size, args.pods - g * args.gang_size)
-            rawapi.create_custom(api, "scheduling.run.ai", "v2alpha2", NS, "podgroups", {
-                "apiVersion": "scheduling.run.ai/v2alpha2", "kind": "PodGroup",
+            rawapi.create_custom(api, PODGROUP, NS, {
+                "apiVersion": PODGROUP.api_version, "kind": PODGROUP.kind,
                 "metadata": {"name": f"gang-{g:05d}", "namespace": NS},
                 "spec": {"queue": QUEUE, "minMember": size}})
 

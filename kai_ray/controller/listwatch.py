@@ -6,7 +6,7 @@ request. ``ListWatchCache`` lists once, then follows a watch from the list's res
 lists again when the watch breaks (410 Gone, network errors).
 
     queues = ListWatchCache("queues", lambda **kw: custom.list_cluster_custom_object(
-        "scheduling.run.ai", "v2", "queues", **kw), value=lambda q: q["spec"].get("parentQueue"))
+        *QUEUE.gvp, **kw), value=lambda q: q["spec"].get("parentQueue"))
     queues.start(); queues.wait_synced(10); queues.items()  # {"team-a": "department-1", ...}
 
 ``list_fn(**kwargs)`` is a list call of the ``kubernetes`` client (a lambda around

@@ -29,6 +29,7 @@ from kubernetes import client, dynamic
 from kubernetes.client.rest import ApiException
 from kubernetes.dynamic.exceptions import ResourceNotFoundError
 
+from kai_ray.api_names import LAST_START_ANNOTATION, PODGROUP
 from kai_ray.controller.raywatch import RayClusterWatch
 from kai_ray.grouping import GroupingConfig
 from kai_ray.grouping.admission import requests_gpu_sharing
@@ -37,9 +38,8 @@ from kai_ray.grouping.owners import Owners, resolve_top_owner
 from kai_ray.grouping.podgroup import Grouping, group_pod, should_group
 from kai_ray.grouping.update import podgroup_update
 from kai_ray.k8s import rawapi
-from kai_ray.k8s.cache import PG_GROUP, PG_PLURAL, PG_VERSION, ClusterCache
+from kai_ray.k8s.cache import ClusterCache
 from kai_ray.k8s.client import LazyCoreV1Api
-from kai_ray.k8s.convert import LAST_START_ANNOTATION
 from kai_ray.k8s.events import EventRecorder
 from kai_ray.k8s.provisional import BOUND, WRITE, ProvisionalGroups, written_form
 
@@ -365,15 +365,15 @@ class PodGrouper:
         m = podgroup["metadata"]
         job_key = f"{m['namespace']}/{m['name']}"
         try:
-            rawapi.create_custom(self.api, PG_GROUP, PG_VERSION, m["namespace"], PG_PLURAL,
+            rawapi.create_custom(self.api, PODGROUP, m["namespace"],
                                  written_form(podgroup))
             return
         except ApiException as e:
             if e.status == 409:  # written meanwhile by a grouping pass: only the stamp is due
                 start = (m.get("annotations") or {}).get(LAST_START_ANNOTATION)
                 if start:
-                    rawapi.annotate_quietly(self.api, PG_GROUP, PG_VERSION, PG_PLURAL,
-                                            "PodGroup", podgroup, {LAST_START_ANNOTATION: start})
+                    rawapi.annotate_quietly(self.api, PODGROUP, podgroup,
+                                            {LAST_START_ANNOTATION: start})
                 return
             why = _describe(e)
         except Exception as e:  # a reset or a timeout: as a refusal, grouped again
@@ -391,14 +391,14 @@ class PodGrouper:
             # create first: for a new owner (the common case) that is one request, not a GET
             # and a create; 409 means it exists after all (the cache lags): read and update it
             try:
-                rawapi.create_custom(self.api, PG_GROUP, PG_VERSION, ns, PG_PLURAL, desired)
+                rawapi.create_custom(self.api, PODGROUP, ns, desired)
             except ApiException as e:
                 if e.status != 409:
                     raise
                 current = self.custom.get_namespaced_custom_object(
-                    PG_GROUP, PG_VERSION, ns, PG_PLURAL, name)
+                    PODGROUP.group, PODGROUP.version, ns, PODGROUP.plural, name)
         if current is not None:
             updated = podgroup_update(current, desired, self.config)
             if updated is not None:
-                self.custom.replace_namespaced_custom_object(PG_GROUP, PG_VERSION, ns,
-                                                             PG_PLURAL, name, updated)
+                self.custom.replace_namespaced_custom_object(PODGROUP.group, PODGROUP.version, ns,
+                                                             PODGROUP.plural, name, updated)

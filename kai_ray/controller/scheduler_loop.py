@@ -14,6 +14,7 @@ from typing import Any
 
 from kubernetes import client
 
+from kai_ray.api_names import PODGROUP, QUEUE
 from kai_ray.core.model import ACTIVE_ALLOCATED, PodStatus, SchedulerConfig, Snapshot
 from kai_ray.core.result import CycleResult
 from kai_ray.core.schedule import describe_core, schedule
@@ -33,7 +34,7 @@ ASSUME_SECONDS = 30.0
 BACKOFF_SECONDS = (10.0, 300.0)
 # the API version events name for each kind a Problem can be about
 PROBLEM_KINDS = {"Pod": "v1", "Node": "v1", "PriorityClass": "scheduling.k8s.io/v1",
-                 "PodGroup": "scheduling.run.ai/v2alpha2", "Queue": "scheduling.run.ai/v2"}
+                 PODGROUP.kind: PODGROUP.api_version, QUEUE.kind: QUEUE.api_version}
 
 
 @dataclass
@@ -438,6 +439,6 @@ def backoff_seconds(give_ups: int) -> float:
 
 
 def convert_intent(pg: Obj) -> bool:
-    from kai_ray.k8s.convert import BIND_INTENT_ANNOTATION
+    from kai_ray.api_names import BIND_INTENT_ANNOTATION
 
     return bool((pg["metadata"].get("annotations") or {}).get(BIND_INTENT_ANNOTATION))

@@ -65,6 +65,7 @@ from kubernetes import client
 from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
 
+from kai_ray.api_names import QUEUE
 from kai_ray.controller.listwatch import ListWatchCache
 from kai_ray.grouping import admission
 from kai_ray.grouping.config import GroupingConfig
@@ -73,7 +74,6 @@ log = logging.getLogger(__name__)
 
 VALIDATE_ID = "validate-pod"
 MUTATE_ID = "mutate-pod"
-QUEUE_API = ("scheduling.run.ai", "v2", "queues")
 _SUFFIX_ALPHABET = string.ascii_lowercase + string.digits
 _DNS1123 = re.compile(r"[a-z0-9]([-a-z0-9.]*[a-z0-9])?")
 # a Kubernetes username safe inside a CEL string literal (service accounts, users, nodes)
@@ -342,7 +342,7 @@ class WebhookHandle:
         return dict(labels)
 
     def _fresh_queues(self) -> dict[str, str | None]:
-        listing = client.CustomObjectsApi(self.api).list_cluster_custom_object(*QUEUE_API)
+        listing = client.CustomObjectsApi(self.api).list_cluster_custom_object(*QUEUE.gvp)
         return admission.queue_parents(listing.get("items") or [])
 
     def validate(self, pod: Mapping[str, Any], old: Mapping[str, Any] | None = None) -> None:
@@ -531,7 +531,7 @@ def start_webhook(kubeconfig: str | None, config: WebhookConfig | None = None,
         custom = client.CustomObjectsApi(api)
         core = client.CoreV1Api(api)
         handle.queues = ListWatchCache(
-            "queues", lambda **kw: custom.list_cluster_custom_object(*QUEUE_API, **kw),
+            "queues", lambda **kw: custom.list_cluster_custom_object(*QUEUE.gvp, **kw),
             value=lambda q: (q.get("spec") or {}).get("parentQueue") or None).start()
         if config.grouping.namespace_queue:
             handle.namespaces = ListWatchCache(

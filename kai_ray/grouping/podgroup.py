@@ -51,12 +51,9 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from kai_ray.grouping.config import (
-    BUILD,
-    INFERENCE,
+from kai_ray.api_names import (
     POD_GROUP_ANNOTATION,
-    PODGROUP_API_VERSION,
-    PREEMPTIBILITIES,
+    PODGROUP,
     PREEMPTIBILITY_LABEL,
     PRIORITY_LABEL,
     PROJECT_LABEL,
@@ -67,8 +64,13 @@ from kai_ray.grouping.config import (
     TOPOLOGY_ANNOTATION,
     TOPOLOGY_PREFERRED_ANNOTATION,
     TOPOLOGY_REQUIRED_ANNOTATION,
-    TRAIN,
     USER_KEY,
+)
+from kai_ray.grouping.config import (
+    BUILD,
+    INFERENCE,
+    PREEMPTIBILITIES,
+    TRAIN,
     GroupingConfig,
     without_scheduler_owned,
 )
@@ -269,7 +271,7 @@ def group_pod(
                             f"{namespace}/{name} and will not be scheduled")
 
     podgroup = {
-        "apiVersion": PODGROUP_API_VERSION,
+        "apiVersion": PODGROUP.api_version,
         "kind": "PodGroup",
         "metadata": {
             "name": name,

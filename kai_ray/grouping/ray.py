@@ -40,7 +40,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from kai_ray.grouping.config import (
+from kai_ray.api_names import (
     ELASTIC_SUBGROUPS_ANNOTATION,
     RAY_HEAD_GROUP,
     REPLICA_HOSTS_ANNOTATION,

@@ -34,13 +34,8 @@ import json
 from collections.abc import Mapping
 from typing import Any
 
-from kai_ray.grouping.config import (
-    GROUPER_OWNED_ANNOTATIONS,
-    LAST_START_ANNOTATION,
-    RAISED_MINIMUM_ANNOTATION,
-    GroupingConfig,
-    is_scheduler_owned,
-)
+from kai_ray.api_names import LAST_START_ANNOTATION, RAISED_MINIMUM_ANNOTATION
+from kai_ray.grouping.config import GROUPER_OWNED_ANNOTATIONS, GroupingConfig, is_scheduler_owned
 from kai_ray.grouping.objects import Obj
 from kai_ray.grouping.ray import gang_annotations, ray_gang
 

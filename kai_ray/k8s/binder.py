@@ -38,11 +38,11 @@ import urllib3
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from kai_ray import __version__
+from kai_ray import __version__, api_names
+from kai_ray.api_names import GPU_GROUP_LABEL, PODGROUP
 from kai_ray.core.result import Bind, CycleResult
 from kai_ray.grouping import admission
 from kai_ray.k8s import convert, rawapi
-from kai_ray.k8s.cache import PG_GROUP, PG_PLURAL, PG_VERSION
 from kai_ray.k8s.client import LazyCoreV1Api
 from kai_ray.k8s.events import EventRecorder
 from kai_ray.k8s.fencing import MIN_LEASE_LEFT_S, Fenced, fenced_timeout
@@ -79,7 +79,7 @@ class BinderConfig:
     reservation_service_account: str = RESERVATION_SERVICE_ACCOUNT
     # the namespace of the reservation pods (and of their ServiceAccount); the cache must be
     # given the same one (ClusterCache(reservation_namespace=...))
-    reservation_namespace: str = convert.RESERVATION_NAMESPACE
+    reservation_namespace: str = api_names.RESERVATION_NAMESPACE
     # refused binds of one pod (one try per cycle) before it and its gang's unbound pods go
     # back to Pending with a BindFailed condition and a back-off; 404 (gone) and 409 (bound)
     # are not failures, and transient faults (resets, timeouts, 429, 5xx) are retried with a
@@ -167,8 +167,8 @@ class Binder:
         if guarded and m.get("resourceVersion"):
             meta["resourceVersion"] = m["resourceVersion"]
         answer = rawapi.request_json(
-            self.api, "PATCH", f"/apis/{PG_GROUP}/{PG_VERSION}/namespaces/{m['namespace']}/"
-            f"{PG_PLURAL}/{m['name']}", {"metadata": meta}, rawapi.MERGE_PATCH,
+            self.api, "PATCH", PODGROUP.path(m["namespace"], m["name"]), {"metadata": meta},
+            rawapi.MERGE_PATCH,
             timeout=self.write_timeout())
         version = (answer.get("metadata") or {}).get("resourceVersion")
         if version:  # a later guarded write of this cycle starts from this version
@@ -191,9 +191,9 @@ class Binder:
                              "since": now, **({"uid": uid} if uid else {})}
             if start:
                 intent[b.pod]["start"] = True
-        self._patch_pg_annotations(pg, {convert.BIND_INTENT_ANNOTATION: json.dumps(intent)},
+        self._patch_pg_annotations(pg, {api_names.BIND_INTENT_ANNOTATION: json.dumps(intent)},
                                    guarded=True)
-        pg["metadata"].setdefault("annotations", {})[convert.BIND_INTENT_ANNOTATION] = \
+        pg["metadata"].setdefault("annotations", {})[api_names.BIND_INTENT_ANNOTATION] = \
             json.dumps(intent)
 
     def resume(self, podgroups: Iterable[Obj], pods: dict[str, Obj]) -> int:
@@ -246,7 +246,7 @@ class Binder:
         if why:
             self._roll_back(pg, pods, why)
             return 0
-        started = ({convert.LAST_START_ANNOTATION: convert.now_rfc3339()}
+        started = ({api_names.LAST_START_ANNOTATION: convert.now_rfc3339()}
                    if any(isinstance(v, dict) and v.get("start") for v in intent.values())
                    else None)
         return self._bind_gang(pg, binds, pods, started=started)
@@ -303,7 +303,7 @@ class Binder:
             pg = podgroups.get(job)
             if pg is None:
                 return 0
-            stamp = ({convert.LAST_START_ANNOTATION: convert.now_rfc3339()} if job in starting
+            stamp = ({api_names.LAST_START_ANNOTATION: convert.now_rfc3339()} if job in starting
                      else {})
             if is_provisional(pg):
                 return self._bind_bare_pod(job, pg, binds, pods, stamp)
@@ -312,8 +312,7 @@ class Binder:
                 # shared-GPU pod has one: it may wait cycles for its reservation pod)
                 done = self._bind_gang(pg, binds, pods, intent=False)
                 if done and stamp:
-                    rawapi.annotate_quietly(self.api, PG_GROUP, PG_VERSION, PG_PLURAL,
-                                            "PodGroup", pg, stamp)
+                    rawapi.annotate_quietly(self.api, PODGROUP, pg, stamp)
                 return done
             try:
                 self.write_intent(pg, binds, start=bool(stamp), pods=pods)
@@ -338,7 +337,7 @@ class Binder:
             return 0
         name = pg["metadata"]["name"]
         done = self._bind_gang(pg, binds, pods, intent=False,
-                               annotations={convert.POD_GROUP_ANNOTATION: name})
+                               annotations={api_names.POD_GROUP_ANNOTATION: name})
         if not done:
             self.provisional.mark(job, WAITING)
             return 0
@@ -352,7 +351,7 @@ class Binder:
         """Without a pod grouper to hand it to (tests, tools): created here."""
         m = podgroup["metadata"]
         try:
-            rawapi.create_custom(self.api, PG_GROUP, PG_VERSION, m["namespace"], PG_PLURAL,
+            rawapi.create_custom(self.api, PODGROUP, m["namespace"],
                                  written_form(podgroup))
         except Exception as e:  # the grouper, when there is one, writes it on its next pass
             log.warning("PodGroup %s/%s of a bound pod not created: %s", m["namespace"],
@@ -511,7 +510,7 @@ class Binder:
         self._write_intent_value(pg, json.dumps(left) if left else None, {})
         self.events.emit(pg, "BindRolledBack", f"binds rolled back: {why}" + (
             f" ({len(left)} pod(s) not evicted yet: tried again)" if left else ""),
-            kind="PodGroup", api_version=f"{PG_GROUP}/{PG_VERSION}", type_="Warning")
+            kind="PodGroup", api_version=PODGROUP.api_version, type_="Warning")
 
     def _bound_now_on_server(self, pod: Obj) -> bool | None:
         """Whether the API server has `pod` bound (None: it could not be asked)."""
@@ -532,7 +531,7 @@ class Binder:
         labels (they would keep the reservation pod alive) and its ConfigMap."""
         m = pod["metadata"]
         labels = {k: None for k in (m.get("labels") or {})
-                  if k == convert.GPU_GROUP_LABEL or k.startswith(convert.GPU_GROUP_LABEL + "/")}
+                  if k == GPU_GROUP_LABEL or k.startswith(GPU_GROUP_LABEL + "/")}
         try:
             if labels:
                 self.core.patch_namespaced_pod(m["name"], m["namespace"],
@@ -569,7 +568,7 @@ class Binder:
         for name in bound:
             if isinstance(pending.get(name), dict):
                 pending[name]["bound"] = True
-        if extra and convert.LAST_START_ANNOTATION in extra:
+        if extra and api_names.LAST_START_ANNOTATION in extra:
             for v in pending.values():  # stamped once: later binds must not move the start
                 if isinstance(v, dict):
                     v.pop("start", None)
@@ -578,7 +577,7 @@ class Binder:
 
     def _write_intent_value(self, pg: Obj, value: str | None,
                             extra: Mapping[str, str] | None) -> None:
-        update: dict[str, str | None] = {convert.BIND_INTENT_ANNOTATION: value}
+        update: dict[str, str | None] = {api_names.BIND_INTENT_ANNOTATION: value}
         update.update(extra or {})
         try:
             self._patch_pg_annotations(pg, update)
@@ -663,7 +662,7 @@ class Binder:
             prefix = f"{self.config.reservation_namespace}/"
             for key, p in pods.items():
                 m = p.get("metadata") or {}
-                g = (m.get("labels") or {}).get(convert.GPU_GROUP_LABEL)
+                g = (m.get("labels") or {}).get(api_names.GPU_GROUP_LABEL)
                 if key.startswith(prefix) and g and not m.get("deletionTimestamp"):
                     index[((p.get("spec") or {}).get("nodeName") or "", g)] = p
             self._reservations = index
@@ -677,7 +676,7 @@ class Binder:
                                        ("POD_NAMESPACE", "metadata.namespace"))]
         body = {
             "metadata": {"name": name, "namespace": self.config.reservation_namespace,
-                         "labels": {"app": RESERVATION_APP, convert.GPU_GROUP_LABEL: group},
+                         "labels": {"app": RESERVATION_APP, api_names.GPU_GROUP_LABEL: group},
                          "annotations": {"karpenter.sh/do-not-disrupt": "true"}},
             "spec": {
                 "nodeName": node, "restartPolicy": "Never",
@@ -804,9 +803,9 @@ class Binder:
         m = pod["metadata"]
         labels: dict[str, str] = {}
         if len(b.gpu_groups) == 1:
-            labels[convert.GPU_GROUP_LABEL] = b.gpu_groups[0]
+            labels[api_names.GPU_GROUP_LABEL] = b.gpu_groups[0]
         else:
-            labels.update({f"{convert.GPU_GROUP_LABEL}/{g}": g for g in b.gpu_groups})
+            labels.update({f"{api_names.GPU_GROUP_LABEL}/{g}": g for g in b.gpu_groups})
         ann = m.get("annotations") or {}
         patch: dict[str, Any] = {"metadata": {"labels": labels}}
         if CONFIGMAP_ANNOTATION not in ann:
@@ -867,7 +866,7 @@ class Binder:
                 del self._waiting_since[name]
         removed = 0
         for r in reservations:
-            group = (r["metadata"].get("labels") or {}).get(convert.GPU_GROUP_LABEL)
+            group = (r["metadata"].get("labels") or {}).get(api_names.GPU_GROUP_LABEL)
             if group in in_use or r["metadata"].get("deletionTimestamp"):
                 continue
             try:
@@ -961,7 +960,7 @@ def is_member(pg: Obj, pod: Obj | None, entry: Any) -> bool:
     if pod is None or not convert.is_ours(pod):
         return False
     m = pod.get("metadata") or {}
-    if (m.get("annotations") or {}).get(convert.POD_GROUP_ANNOTATION) != pg["metadata"]["name"]:
+    if (m.get("annotations") or {}).get(api_names.POD_GROUP_ANNOTATION) != pg["metadata"]["name"]:
         return False
     uid = entry.get("uid") if isinstance(entry, dict) else None
     return not uid or uid == m.get("uid")
@@ -989,7 +988,7 @@ def _configmap_prefix(pod: Obj) -> str:
 
 
 def last_start_needed(pg: Obj) -> bool:
-    return convert.LAST_START_ANNOTATION not in (pg["metadata"].get("annotations") or {})
+    return api_names.LAST_START_ANNOTATION not in (pg["metadata"].get("annotations") or {})
 
 
 def stamp() -> str:

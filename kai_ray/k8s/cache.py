@@ -19,6 +19,8 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from kubernetes.watch.watch import iter_resp_lines
 
+from kai_ray import api_names
+from kai_ray.api_names import PODGROUP, QUEUE
 from kai_ray.core.model import Job, Node, Pod, PodStatus, Snapshot
 from kai_ray.core.queuetree import queue_cycles
 from kai_ray.k8s import convert, rawapi, trim
@@ -28,8 +30,6 @@ log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 ListFn = Callable[..., Any]
 
-PG_GROUP, PG_VERSION, PG_PLURAL = "scheduling.run.ai", "v2alpha2", "podgroups"
-Q_GROUP, Q_VERSION, Q_PLURAL = "scheduling.run.ai", "v2", "queues"
 
 
 def _key(obj: Obj) -> str:
@@ -251,7 +251,7 @@ class ClusterCache:
 
     def __init__(self, api: client.ApiClient, watch_timeout: int = 60,
                  connect_timeout: float = 5.0,
-                 reservation_namespace: str = convert.RESERVATION_NAMESPACE) -> None:
+                 reservation_namespace: str = api_names.RESERVATION_NAMESPACE) -> None:
         """`watch_timeout`: seconds each watch lasts before it is opened again (a silent one
         is noticed that much later); `connect_timeout`: seconds to reach the API server;
         `reservation_namespace`: where the binder's GPU reservation pods live (its
@@ -260,8 +260,8 @@ class ClusterCache:
         # plain GETs (kai_ray.k8s.rawapi.lister), not the generated API classes: CoreV1Api's
         # import alone takes 0.4 s of a start-up that schedules nothing until the lists are in
         nodes, pods = rawapi.lister(api, "/api/v1/nodes"), rawapi.lister(api, "/api/v1/pods")
-        podgroups = rawapi.lister(api, f"/apis/{PG_GROUP}/{PG_VERSION}/{PG_PLURAL}")
-        queues = rawapi.lister(api, f"/apis/{Q_GROUP}/{Q_VERSION}/{Q_PLURAL}")
+        podgroups = rawapi.lister(api, PODGROUP.path())
+        queues = rawapi.lister(api, QUEUE.path())
         classes = rawapi.lister(api, "/apis/scheduling.k8s.io/v1/priorityclasses")
         self.changed = threading.Event()
         # pods whose PodGroup membership must be (re)computed by the pod grouper, and the
@@ -321,8 +321,8 @@ class ClusterCache:
 
     def check_crds(self) -> None:
         """Fail with instructions when KAI's CRDs are missing, instead of waiting forever."""
-        for inf, crd in ((self.podgroups, "podgroups.scheduling.run.ai"),
-                         (self.queues, "queues.scheduling.run.ai")):
+        for inf, crd in ((self.podgroups, PODGROUP.crd_name),
+                         (self.queues, QUEUE.crd_name)):
             try:
                 inf.list_fn(limit=1, _preload_content=False)
             except ApiException as e:
@@ -376,7 +376,7 @@ class ClusterCache:
         for pod in self.pods.values():
             m = pod.get("metadata") or {}
             if convert.is_ours(pod):
-                group = (m.get("annotations") or {}).get(convert.POD_GROUP_ANNOTATION)
+                group = (m.get("annotations") or {}).get(api_names.POD_GROUP_ANNOTATION)
                 if provisional:
                     key = f"{m.get('namespace', '')}/{m.get('name')}"
                     live.add(key)
@@ -576,7 +576,7 @@ def _count_unshared_devices(foreign: dict[str, list[int]], jobs: list[Job],
     for pod in reservations:
         if not _holds_node(pod):
             continue
-        group = ((pod.get("metadata") or {}).get("labels") or {}).get(convert.GPU_GROUP_LABEL)
+        group = ((pod.get("metadata") or {}).get("labels") or {}).get(api_names.GPU_GROUP_LABEL)
         reserved.add((pod["spec"]["nodeName"], group))
         if group not in shared:
             _count_foreign(foreign, pod, problems)

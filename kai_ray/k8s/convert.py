@@ -18,6 +18,19 @@ from typing import Any
 
 from kubernetes.utils import parse_quantity
 
+from kai_ray.api_names import (
+    BIND_INTENT_ANNOTATION,
+    ELASTIC_SUBGROUPS_ANNOTATION,
+    GPU_GROUP_LABEL,
+    LAST_START_ANNOTATION,
+    RAISED_MINIMUM_ANNOTATION,
+    RAY_REPLICA_LABEL,
+    REPLICA_HOSTS_ANNOTATION,
+    SCHEDULER_NAME,
+    STALE_ANNOTATION,
+    SUBGROUP_LABEL,
+    TASK_PRIORITY_LABEL,
+)
 from kai_ray.core.constraints import Requirement, Taint, Term, Toleration
 from kai_ray.core.model import (
     DEFAULT_GPU_MEMORY_MIB,
@@ -31,28 +44,11 @@ from kai_ray.core.model import (
     SubGroup,
 )
 from kai_ray.grouping import admission
-from kai_ray.grouping.config import ELASTIC_SUBGROUPS_ANNOTATION, RAISED_MINIMUM_ANNOTATION
 from kai_ray.grouping.update import parse_raised_minimum
 
 Obj = Mapping[str, Any]
 
-SCHEDULER_NAME = "kai-scheduler"
 GPU = "nvidia.com/gpu"
-POD_GROUP_ANNOTATION = "pod-group-name"
-SUBGROUP_LABEL = "kai.scheduler/subgroup-name"
-# KubeRay (RayMultiHostIndexing, on by default since v1.6) names each multi-host replica here;
-# the hosts of one replica are placed and evicted together above the gang minimum
-RAY_REPLICA_LABEL = "ray.io/worker-group-replica-name"
-REPLICA_HOSTS_ANNOTATION = "kai-ray.io/replica-hosts"  # written by the pod grouper
-TASK_PRIORITY_LABEL = "kai.scheduler/task-priority"
-GPU_GROUP_LABEL = "runai-gpu-group"
-STALE_ANNOTATION = "kai.scheduler/stale-podgroup-timestamp"
-LAST_START_ANNOTATION = "kai.scheduler/last-start-timestamp"
-# our durable bind intent, one atomic write per gang on the PodGroup (see binder.py)
-BIND_INTENT_ANNOTATION = "kai-ray.io/bind-intent"
-# where GPU reservation pods live by default (KAI's name); the scheduler's config
-# (reservation.namespace) sets another: BinderConfig, ClusterCache
-RESERVATION_NAMESPACE = "kai-resource-reservation"
 DEFAULT_PRIORITY = 50
 
 

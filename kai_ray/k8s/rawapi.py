@@ -12,6 +12,8 @@ import orjson
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from kai_ray.api_names import CustomResource
+
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
@@ -71,33 +73,33 @@ def patch_pod(api: client.ApiClient, namespace: str, name: str, patch: Obj) -> N
     request(api, "PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}", patch, MERGE_PATCH)
 
 
-def patch_custom(api: client.ApiClient, group: str, version: str, namespace: str, plural: str,
-                 name: str, patch: Obj, subresource: str = "") -> None:
-    path = f"/apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}"
+def patch_custom(api: client.ApiClient, resource: CustomResource, namespace: str, name: str,
+                 patch: Obj, subresource: str = "") -> None:
+    path = resource.path(namespace, name)
     request(api, "PATCH", path + (f"/{subresource}" if subresource else ""), patch, MERGE_PATCH)
 
 
-def create_custom(api: client.ApiClient, group: str, version: str, namespace: str, plural: str,
+def create_custom(api: client.ApiClient, resource: CustomResource, namespace: str,
                   body: Obj) -> None:
-    request(api, "POST", f"/apis/{group}/{version}/namespaces/{namespace}/{plural}", body)
+    request(api, "POST", resource.path(namespace), body)
 
 
-def annotate_quietly(api: client.ApiClient, group: str, version: str, plural: str, kind: str,
-                     obj: Obj, annotations: Mapping[str, str | None]) -> bool:
+def annotate_quietly(api: client.ApiClient, resource: CustomResource, obj: Obj,
+                     annotations: Mapping[str, str | None]) -> bool:
     """Merge `annotations` (None removes a key) into `obj`'s, for writes a later cycle repeats
     or can do without: an object already deleted (404) is ignored, any other refusal is logged,
     never raised. True when written."""
     m = obj["metadata"]
     try:
-        patch_custom(api, group, version, m["namespace"], plural, m["name"],
+        patch_custom(api, resource, m["namespace"], m["name"],
                      {"metadata": {"annotations": dict(annotations)}})
     except ApiException as e:
         if e.status != 404:
-            log.warning("%s %s annotations %s not written: %s", kind, m["name"],
+            log.warning("%s %s annotations %s not written: %s", resource.kind, m["name"],
                         sorted(annotations), e.status)
         return False
     except Exception as e:  # a reset or a timeout: as any refusal, logged, never raised
-        log.warning("%s %s annotations %s not written: %s: %s", kind, m["name"],
+        log.warning("%s %s annotations %s not written: %s: %s", resource.kind, m["name"],
                     sorted(annotations), type(e).__name__, e)
         return False
     return True

@@ -13,9 +13,10 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from kai_ray import api_names
+from kai_ray.api_names import PODGROUP, QUEUE
 from kai_ray.core.result import CycleResult, JobStatus, QueueShare
 from kai_ray.k8s import convert, rawapi
-from kai_ray.k8s.cache import PG_GROUP, PG_PLURAL, PG_VERSION, Q_GROUP, Q_PLURAL, Q_VERSION
 from kai_ray.k8s.client import LazyCoreV1Api
 from kai_ray.k8s.events import EventRecorder
 from kai_ray.k8s.provisional import is_provisional
@@ -101,7 +102,7 @@ class StatusWriter:
 
     def _podgroup_unschedulable(self, pg: Obj, status: JobStatus) -> None:
         self.events.emit(pg, "Unschedulable", f"{status.reason}: {status.message}",
-                         kind="PodGroup", api_version=f"{PG_GROUP}/{PG_VERSION}")
+                         kind="PodGroup", api_version=PODGROUP.api_version)
         self._owner_event(pg, status)
         current = (pg.get("status") or {}).get("schedulingConditions") or []
         if current and current[-1].get("message") == status.message:
@@ -130,7 +131,7 @@ class StatusWriter:
     def _patch_pg_status(self, pg: Obj, status: Obj) -> None:
         m = pg["metadata"]
         try:
-            rawapi.patch_custom(self.api, PG_GROUP, PG_VERSION, m["namespace"], PG_PLURAL,
+            rawapi.patch_custom(self.api, PODGROUP, m["namespace"],
                                 m["name"], {"status": status}, subresource="status")
         except ApiException as e:
             if e.status != 404:
@@ -152,19 +153,19 @@ class StatusWriter:
     # ------------------------------------------------------------------ annotations
     def stale(self, result: CycleResult, podgroups: dict[str, Obj]) -> None:
         for job, when in result.stale_set.items():
-            self._annotate(podgroups.get(job), convert.STALE_ANNOTATION,
+            self._annotate(podgroups.get(job), api_names.STALE_ANNOTATION,
                            datetime.fromtimestamp(when, UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
         for job in result.stale_cleared:
-            self._annotate(podgroups.get(job), convert.STALE_ANNOTATION, None)
+            self._annotate(podgroups.get(job), api_names.STALE_ANNOTATION, None)
         for job, ev in {e.job: e for e in result.evictions}.items():
             pg = podgroups.get(job)
             if pg is not None and not is_provisional(pg):
                 self.events.emit(pg, "Evict", ev.message, kind="PodGroup",
-                                 api_version=f"{PG_GROUP}/{PG_VERSION}")
+                                 api_version=PODGROUP.api_version)
 
     def _annotate(self, pg: Obj | None, key: str, value: str | None) -> None:
         if pg is not None and not is_provisional(pg):
-            rawapi.annotate_quietly(self.api, PG_GROUP, PG_VERSION, PG_PLURAL, "PodGroup", pg,
+            rawapi.annotate_quietly(self.api, PODGROUP, pg,
                                     {key: value})
 
     # ------------------------------------------------------------------ queues
@@ -200,7 +201,7 @@ class StatusWriter:
                 continue
             try:
                 self.custom.patch_cluster_custom_object_status(
-                    Q_GROUP, Q_VERSION, Q_PLURAL, name, {"status": status})
+                    *QUEUE.gvp, name, {"status": status})
                 self.queue_status[name] = status
             except ApiException as e:
                 if e.status != 404:

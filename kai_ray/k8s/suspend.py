@@ -26,7 +26,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
-from kai_ray.k8s.cache import PG_GROUP, PG_PLURAL, PG_VERSION
+from kai_ray.api_names import PODGROUP
 from kai_ray.k8s.events import EventRecorder
 
 log = logging.getLogger(__name__)
@@ -138,7 +138,7 @@ class Suspender:
     def _annotate(self, pg: Obj, value: str | None) -> None:
         m = pg["metadata"]
         self.custom.patch_namespaced_custom_object(
-            PG_GROUP, PG_VERSION, m["namespace"], PG_PLURAL, m["name"],
+            PODGROUP.group, PODGROUP.version, m["namespace"], PODGROUP.plural, m["name"],
             {"metadata": {"annotations": {DEMAND_ANNOTATION: value}}})
 
     def suspend(self, pg: Obj, pods: list[Obj], message: str) -> bool:

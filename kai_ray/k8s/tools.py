@@ -28,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from kai_ray import api_names
 from kai_ray.core.constraints import Requirement
 from kai_ray.core.model import (
     ACTIVE_USED,
@@ -337,17 +338,17 @@ def explain(live: Live, config: SchedulerConfig, namespace: str, target: str) ->
         if not convert.is_ours(pod):
             out.update(found=True, summary=f"pod {namespace}/{name} has schedulerName "
                        f"{spec.get('schedulerName', 'default-scheduler')!r}, not "
-                       f"{convert.SCHEDULER_NAME!r}: kai-ray does not schedule it")
+                       f"{api_names.SCHEDULER_NAME!r}: kai-ray does not schedule it")
             return out
         if spec.get("nodeName"):
             out.update(found=True, scheduled=True,
                        summary=f"pod {namespace}/{name} is scheduled on node {spec['nodeName']}")
             return out
         group = ((pod.get("metadata") or {}).get("annotations") or {}).get(
-            convert.POD_GROUP_ANNOTATION)
+            api_names.POD_GROUP_ANNOTATION)
         if not group:
             out.update(found=True, summary=(
-                f"pod {namespace}/{name} has no {convert.POD_GROUP_ANNOTATION!r} annotation "
+                f"pod {namespace}/{name} has no {api_names.POD_GROUP_ANNOTATION!r} annotation "
                 "yet: the pod grouper (kai-ray run) has not grouped it. Is the scheduler "
                 "running? (kubectl get pods -l app.kubernetes.io/component=scheduler -A)"))
             return out

@@ -59,10 +59,11 @@ from kubernetes.client.rest import ApiException
 from kubernetes.utils.quantity import parse_quantity
 from kubernetes.watch.watch import iter_resp_lines
 
+from kai_ray import api_names
+from kai_ray.api_names import PODGROUP, QUEUE, QUEUE_LABEL
 from kai_ray.controller.leader import LeaseConfig
 from kai_ray.grouping import admission
 from kai_ray.k8s import convert, rawapi
-from kai_ray.k8s.cache import PG_GROUP, PG_PLURAL, PG_VERSION
 from kai_ray.testing.nodes import create_gpu_nodes, wait_nodes_ready
 from kai_ray.testing.scheduler_process import KaiRayProcess
 
@@ -71,7 +72,6 @@ GPU = "nvidia.com/gpu"
 GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
 FINISHED = ("Succeeded", "Failed")
 ACTIONS = ("SIGKILL", "SIGTERM", "SIGSTOP")
-QUEUE_LABEL = "kai.scheduler/queue"
 POOL_LABEL = "kai-ray.io/pool"
 RUN_LABEL = "kai-ray.io/chaos"
 GANG_LABEL = "kai-ray.io/chaos-gang"
@@ -197,7 +197,7 @@ def find_violations(pods: Sequence[Mapping[str, Any]], nodes: Sequence[Mapping[s
         node_name = p["spec"]["nodeName"]
         ns = _meta(p).get("namespace")
         groups = convert.gpu_groups(p)
-        if ns == convert.RESERVATION_NAMESPACE and groups:
+        if ns == api_names.RESERVATION_NAMESPACE and groups:
             devices[node_name].add(groups[0])  # the device its group's sharers use
             continue
         if _sharing(p):
@@ -236,7 +236,7 @@ def find_violations(pods: Sequence[Mapping[str, Any]], nodes: Sequence[Mapping[s
     members: dict[tuple[Any, Any], list[Mapping[str, Any]]] = defaultdict(list)
     for p in holding:
         m = _meta(p)
-        group = (m.get("annotations") or {}).get(convert.POD_GROUP_ANNOTATION)
+        group = (m.get("annotations") or {}).get(api_names.POD_GROUP_ANNOTATION)
         if group:
             members[(m.get("namespace"), group)].append(p)
     for pg in podgroups:
@@ -296,7 +296,7 @@ def gang_counts(pods: Sequence[Mapping[str, Any]], podgroups: Sequence[Mapping[s
     bound: Counter[tuple[Any, Any]] = Counter()
     for p in _holding(pods):
         m = _meta(p)
-        group = (m.get("annotations") or {}).get(convert.POD_GROUP_ANNOTATION)
+        group = (m.get("annotations") or {}).get(api_names.POD_GROUP_ANNOTATION)
         if group:
             bound[(m.get("namespace"), group)] += 1
     out = {"whole": 0, "partial": 0, "pending": 0}
@@ -314,12 +314,12 @@ def _queue(name: str, parent: str | None = None) -> Obj:
     spec: Obj = {"resources": {"gpu": dict(open_), "cpu": dict(open_), "memory": dict(open_)}}
     if parent:
         spec["parentQueue"] = parent
-    return {"apiVersion": "scheduling.run.ai/v2", "kind": "Queue", "metadata": {"name": name},
+    return {"apiVersion": QUEUE.api_version, "kind": QUEUE.kind, "metadata": {"name": name},
             "spec": spec}
 
 
 def _podgroup(name: str, queue: str, min_member: int, run: str) -> Obj:
-    return {"apiVersion": f"{PG_GROUP}/{PG_VERSION}", "kind": "PodGroup",
+    return {"apiVersion": PODGROUP.api_version, "kind": PODGROUP.kind,
             "metadata": {"name": name, "labels": {RUN_LABEL: run}},
             "spec": {"queue": queue, "minMember": min_member}}
 
@@ -327,7 +327,7 @@ def _podgroup(name: str, queue: str, min_member: int, run: str) -> Obj:
 def _pod(name: str, gang: str, queue: str, run: str, pool: str, gpus: int,
          fraction: float | None) -> Obj:
     resources: Obj = {"requests": {"cpu": "100m", "memory": "128Mi"}}
-    annotations = {convert.POD_GROUP_ANNOTATION: gang}
+    annotations = {api_names.POD_GROUP_ANNOTATION: gang}
     if fraction:
         annotations[admission.GPU_FRACTION] = str(fraction)
     elif gpus:
@@ -335,7 +335,7 @@ def _pod(name: str, gang: str, queue: str, run: str, pool: str, gpus: int,
     return {"apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "annotations": annotations,
                          "labels": {QUEUE_LABEL: queue, RUN_LABEL: run, GANG_LABEL: gang}},
-            "spec": {"schedulerName": convert.SCHEDULER_NAME, "nodeSelector": {POOL_LABEL: pool},
+            "spec": {"schedulerName": api_names.SCHEDULER_NAME, "nodeSelector": {POOL_LABEL: pool},
                      "containers": [{"name": "main", "image": "busybox",
                                      "resources": resources}]}}
 
@@ -544,7 +544,7 @@ class Chaos:
         """Fresh lists of every pod, node and PodGroup (plain dicts)."""
         pods = self._get("/api/v1/pods").get("items") or []
         nodes = self._get("/api/v1/nodes").get("items") or []
-        pgs = self._get(f"/apis/{PG_GROUP}/{PG_VERSION}/{PG_PLURAL}").get("items") or []
+        pgs = self._get(PODGROUP.path()).get("items") or []
         return pods, nodes, pgs
 
     def _our_pods(self) -> list[Obj]:
@@ -556,9 +556,9 @@ class Chaos:
         self.node_names = create_gpu_nodes(self.api, c.nodes, c.gpus_per_node,
                                            prefix=f"{self.pool}-", labels={POOL_LABEL: self.pool})
         wait_nodes_ready(self.api, self.node_names, timeout=120)
-        self._post("/apis/scheduling.run.ai/v2/queues", _queue(self.root_queue))
+        self._post(QUEUE.path(), _queue(self.root_queue))
         for q in self.queues:
-            self._post("/apis/scheduling.run.ai/v2/queues", _queue(q, self.root_queue))
+            self._post(QUEUE.path(), _queue(q, self.root_queue))
         self._post("/api/v1/namespaces", {"metadata": {"name": self.namespace,
                                                        "labels": {RUN_LABEL: self.run_id}}})
         self._wait("the namespace's ServiceAccount", self._has_service_account, 60)
@@ -605,7 +605,7 @@ class Chaos:
         size, fraction = self.gangs[name]
         queue = self.queues[int(name[1:]) % len(self.queues)]
         ns = self.namespace
-        self._post(f"/apis/{PG_GROUP}/{PG_VERSION}/namespaces/{ns}/{PG_PLURAL}",
+        self._post(PODGROUP.path(ns),
                    _podgroup(name, queue, size, self.run_id))
         for i in range(size):
             self._post(f"/api/v1/namespaces/{ns}/pods",
@@ -617,7 +617,7 @@ class Chaos:
         with self._lock:
             size, _ = self.gangs.pop(name)
         ns = self.namespace
-        self._delete(f"/apis/{PG_GROUP}/{PG_VERSION}/namespaces/{ns}/{PG_PLURAL}/{name}")
+        self._delete(PODGROUP.path(ns, name))
         for i in range(size):
             self._delete(f"/api/v1/namespaces/{ns}/pods/{name}-{i}")
 
@@ -758,8 +758,7 @@ class Chaos:
     def _in_flight(self) -> tuple[int, int]:
         """(gangs with a bind intent, gangs partly bound) of the workload, now."""
         pods = self._our_pods()
-        pgs = self._get(f"/apis/{PG_GROUP}/{PG_VERSION}/namespaces/{self.namespace}/"
-                        f"{PG_PLURAL}").get("items") or []
+        pgs = self._get(PODGROUP.path(self.namespace)).get("items") or []
         intents = sum(1 for pg in pgs if convert.bind_intent(pg))
         return intents, gang_counts(pods, pgs)["partial"]
 
@@ -1051,7 +1050,7 @@ class Chaos:
                 self._delete(f"/api/v1/namespaces/{self.namespace}")
             for q in [*self.queues, self.root_queue]:
                 with contextlib.suppress(Exception):
-                    self._delete(f"/apis/scheduling.run.ai/v2/queues/{q}")
+                    self._delete(QUEUE.path(name=q))
             for n in self.node_names:
                 with contextlib.suppress(Exception):
                     self._delete(f"/api/v1/nodes/{n}")

@@ -24,10 +24,10 @@ from typing import Any
 from kubernetes import client, config, watch
 from kubernetes.client.rest import ApiException
 
+from kai_ray.api_names import RESERVATION_NAMESPACE
 from kai_ray.reservation import GPU_INDEX_ANNOTATION
 from kai_ray.testing.nodes import KWOK_NODE_ANNOTATION
 
-RESERVATION_NAMESPACE = "kai-resource-reservation"
 # a KWOK node annotated so stands for a node whose device plugin or reservation image is broken:
 # its reservation pods never report (tests of what the scheduler does then)
 SILENT_ANNOTATION = ("kai-ray.io/kwok-gpu-reporter", "off")

@@ -37,6 +37,7 @@ from kubernetes import client, watch
 from kubernetes.client.rest import ApiException
 
 import kai_ray
+from kai_ray import api_names
 from kai_ray.testing.cluster import Cluster
 from kai_ray.testing.kuberay import start_kuberay_operator
 from kai_ray.testing.plane import ControlPlane
@@ -46,7 +47,7 @@ SAMPLE = REPO / "ray_samples" / "raycluster-gpu-autoscaler.yaml"
 JOB_SCRIPT = REPO / "ray_samples" / "gpu_autoscale_job.py"
 RESULTS = REPO / "benchmarks" / "results" / "real_ray_autoscaler.json"
 RAY = ("ray.io", "v1", "rayclusters")
-QUEUE_API = ("scheduling.run.ai", "v2", "queues")
+QUEUE_API = api_names.QUEUE.gvp
 QUEUE = "ray-autoscale"
 REAL_NODE_LABEL = "kai-ray.io/real-node"
 DASHBOARD_PORT = 8265
@@ -57,7 +58,8 @@ EVICTION_REASONS = ("Evicted", "Preempted", "BindRolledBack")
 def queue_manifest(name: str = QUEUE) -> dict[str, Any]:
     """An open top-level queue: the node's GPUs, not a quota, decide what fits."""
     open_ = {"quota": -1, "limit": -1, "overQuotaWeight": 1}
-    return {"apiVersion": "scheduling.run.ai/v2", "kind": "Queue", "metadata": {"name": name},
+    return {"apiVersion": api_names.QUEUE.api_version, "kind": api_names.QUEUE.kind,
+            "metadata": {"name": name},
             "spec": {"resources": {r: dict(open_) for r in ("cpu", "gpu", "memory")}}}
 
 
@@ -76,7 +78,7 @@ def ray_cluster(image: str, min_replicas: int, *, queue: str = QUEUE,
     """The sample, on a locally built image (nothing is pulled on the real node), pinned to
     the real node, with the worker group's minReplicas (= initial replicas) set."""
     doc: dict[str, Any] = yaml.safe_load(SAMPLE.read_text())
-    doc["metadata"]["labels"]["kai.scheduler/queue"] = queue
+    doc["metadata"]["labels"][api_names.QUEUE_LABEL] = queue
     if name:
         doc["metadata"]["name"] = name
     spec = doc["spec"]

@@ -10,12 +10,10 @@ from typing import Any
 import pytest
 from grouping_objects import QUEUE, FakeApi, kuberay_pod, obj, pod, ray_cluster, worker_group
 
+from kai_ray import api_names
+from kai_ray.api_names import REPLICA_HOSTS_ANNOTATION
 from kai_ray.grouping import group_pod, podgroup_update, resolve_top_owner
-from kai_ray.grouping.config import (
-    REPLICA_HOSTS_ANNOTATION,
-    is_scheduler_owned,
-    without_scheduler_owned,
-)
+from kai_ray.grouping.config import is_scheduler_owned, without_scheduler_owned
 
 BIND_INTENT = "kai-ray.io/bind-intent"
 LAST_START = "kai.scheduler/last-start-timestamp"
@@ -56,13 +54,13 @@ def test_user_settings_stay_copyable(key: str) -> None:
 
 
 def test_the_keys_the_scheduler_reads_are_all_scheduler_owned() -> None:
-    from kai_ray.k8s import binder, convert, suspend  # the writers' own constants
-    for key in (convert.BIND_INTENT_ANNOTATION, convert.LAST_START_ANNOTATION,
-                convert.STALE_ANNOTATION, convert.REPLICA_HOSTS_ANNOTATION,
+    from kai_ray.k8s import binder, suspend  # the writers' own constants
+    for key in (api_names.BIND_INTENT_ANNOTATION, api_names.LAST_START_ANNOTATION,
+                api_names.STALE_ANNOTATION, api_names.REPLICA_HOSTS_ANNOTATION,
                 suspend.DEMAND_ANNOTATION):
         assert is_scheduler_owned(key), key
     for key in (suspend.STRATEGY_ANNOTATION, binder.CONFIGMAP_ANNOTATION,
-                convert.POD_GROUP_ANNOTATION):
+                api_names.POD_GROUP_ANNOTATION):
         assert not is_scheduler_owned(key), key
     assert without_scheduler_owned({**FORGED, **USER_SETTINGS}) == USER_SETTINGS
 

@@ -9,7 +9,7 @@ import time
 import pytest
 from kubernetes import client
 
-from kai_ray.k8s.convert import LAST_START_ANNOTATION
+from kai_ray.api_names import LAST_START_ANNOTATION
 from kai_ray.testing import apimetrics
 from tests.integration.helpers import (
     create_queues,

@@ -18,6 +18,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from kai_ray import api_names
 from kai_ray.k8s import convert
 from kai_ray.k8s.binder import RESERVATION_SERVICE_ACCOUNT, Binder
 from kai_ray.k8s.events import EventRecorder
@@ -29,7 +30,7 @@ from tests.integration.helpers import create_queues, pod, queue, wait_for
 
 pytestmark = pytest.mark.integration
 
-NS = convert.RESERVATION_NAMESPACE
+NS = api_names.RESERVATION_NAMESPACE
 TIMEOUT_S = 6  # the scheduler's reservation timeout here
 FAKE_UUID = "GPU-5e1f0000-1111-2222-3333-444455556666"
 
@@ -151,10 +152,10 @@ def test_shared_pods_bind_on_one_device_through_a_restricted_reservation_pod(
         core.read_namespaced_pod(n, namespace).status.phase == "Running"
         for n in ("infer-a", "infer-b")), timeout=60, detail=scheduler.log_tail)
     groups = {n: core.read_namespaced_pod(n, namespace).metadata.labels.get(
-        convert.GPU_GROUP_LABEL) for n in ("infer-a", "infer-b")}
+        api_names.GPU_GROUP_LABEL) for n in ("infer-a", "infer-b")}
     assert groups["infer-a"] and groups["infer-a"] == groups["infer-b"], groups
     (res,) = core.list_namespaced_pod(
-        NS, label_selector=f"{convert.GPU_GROUP_LABEL}={groups['infer-a']}").items
+        NS, label_selector=f"{api_names.GPU_GROUP_LABEL}={groups['infer-a']}").items
     # the namespace enforces the restricted standard, so the API server checked this pod
     labels = core.read_namespace(NS).metadata.labels
     assert labels["pod-security.kubernetes.io/enforce"] == "restricted"

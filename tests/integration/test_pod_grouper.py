@@ -13,11 +13,12 @@ from typing import Any
 import pytest
 from kubernetes import client
 
+from kai_ray.api_names import PODGROUP
 from kai_ray.controller.podgrouper import PodGrouper
 from kai_ray.controller.scheduler_loop import LoopConfig, SchedulerLoop
 from kai_ray.grouping import GroupingConfig
 from kai_ray.k8s import convert, rawapi
-from kai_ray.k8s.cache import PG_PLURAL, ClusterCache
+from kai_ray.k8s.cache import ClusterCache
 from kai_ray.k8s.events import EventRecorder
 from kai_ray.testing.cluster import Cluster
 
@@ -44,7 +45,7 @@ class CountingClient(client.ApiClient):
         return resp
 
     def podgroup_calls(self, namespace: str) -> list[tuple[str, int]]:
-        prefix = f"/namespaces/{namespace}/{PG_PLURAL}"
+        prefix = f"/namespaces/{namespace}/{PODGROUP.plural}"
         with self._lock:
             return [(m, s) for m, u, s in self.calls if prefix in u]
 
@@ -160,5 +161,5 @@ def test_a_gang_arriving_together_creates_its_podgroup_once(cluster: Cluster, na
     assert len(pods) == GANG
     assert {p.metadata.annotations.get("pod-group-name") for p in pods} == {pg_name}
     pg = client.CustomObjectsApi(cluster.api_client()).get_namespaced_custom_object(
-        "scheduling.run.ai", "v2alpha2", namespace, PG_PLURAL, pg_name)
+        "scheduling.run.ai", "v2alpha2", namespace, PODGROUP.plural, pg_name)
     assert pg["metadata"]["ownerReferences"][0]["uid"] == rs.metadata.uid

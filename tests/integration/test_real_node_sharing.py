@@ -16,7 +16,7 @@ import pytest
 import yaml
 from kubernetes import client
 
-from kai_ray.k8s import convert
+from kai_ray import api_names
 from kai_ray.reservation import GPU_INDEX_ANNOTATION
 from kai_ray.testing import images
 from kai_ray.testing.kuberay import start_kuberay_operator
@@ -95,12 +95,12 @@ def test_inference_deployments_share_a_device_on_the_real_node(
 
     # the device is the one the device plugin gave the reservation pod, which its own program
     # reported (its log says so too)
-    group = by_app["infer-large"].metadata.labels[convert.GPU_GROUP_LABEL]
-    (res,) = core.list_namespaced_pod(convert.RESERVATION_NAMESPACE,
-                                      label_selector=f"{convert.GPU_GROUP_LABEL}={group}").items
+    group = by_app["infer-large"].metadata.labels[api_names.GPU_GROUP_LABEL]
+    (res,) = core.list_namespaced_pod(api_names.RESERVATION_NAMESPACE,
+                                      label_selector=f"{api_names.GPU_GROUP_LABEL}={group}").items
     assert res.metadata.annotations[GPU_INDEX_ANNOTATION] == large[0]
     assert res.spec.node_name == real_node.name and res.status.phase == "Running"
-    log = real_node.plane.kubectl("logs", "-n", convert.RESERVATION_NAMESPACE,
+    log = real_node.plane.kubectl("logs", "-n", api_names.RESERVATION_NAMESPACE,
                                   res.metadata.name).stdout
     assert f"holds GPU {large[0]}" in log, log
 
@@ -120,12 +120,12 @@ def test_inference_deployments_share_a_device_on_the_real_node(
     # deleting the first two frees their device: its reservation pod goes away
     real_node.plane.kubectl("delete", "-n", NS, "deployment", "infer-large", "infer-small")
     wait_for("the shared device's reservation pod gone", lambda: not [
-        p for p in core.list_namespaced_pod(convert.RESERVATION_NAMESPACE).items
+        p for p in core.list_namespaced_pod(api_names.RESERVATION_NAMESPACE).items
         if p.metadata.name == res.metadata.name], timeout=60,
         detail=lambda: sharing.log_tail(40))
     core.delete_namespaced_pod("half", NS, grace_period_seconds=0)
     wait_for("every reservation pod gone", lambda: not core.list_namespaced_pod(
-        convert.RESERVATION_NAMESPACE).items, timeout=60)
+        api_names.RESERVATION_NAMESPACE).items, timeout=60)
 
 
 RAY_TASK = """

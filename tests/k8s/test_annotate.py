@@ -12,15 +12,16 @@ from typing import ClassVar
 import pytest
 from kubernetes import client
 
+from kai_ray import api_names
+from kai_ray.api_names import PODGROUP
 from kai_ray.core.result import Bind, CycleResult
-from kai_ray.k8s import convert, rawapi
+from kai_ray.k8s import rawapi
 from kai_ray.k8s.binder import Binder
-from kai_ray.k8s.cache import PG_GROUP, PG_PLURAL, PG_VERSION
 from kai_ray.k8s.events import EventRecorder
 from kai_ray.k8s.status import StatusWriter
 from tests.k8s.local_http import JsonHandler, serving
 
-PG_PATH = f"/apis/{PG_GROUP}/{PG_VERSION}/namespaces/ns/{PG_PLURAL}/pg-1"
+PG_PATH = PODGROUP.path("ns", "pg-1")
 
 
 class _Server(JsonHandler):
@@ -58,7 +59,7 @@ def _pg_patches() -> list[tuple[str, dict]]:
 
 
 def test_writes_a_merge_patch_of_the_annotations(api: client.ApiClient) -> None:
-    assert rawapi.annotate_quietly(api, PG_GROUP, PG_VERSION, PG_PLURAL, "PodGroup", _pg(),
+    assert rawapi.annotate_quietly(api, PODGROUP, _pg(),
                                    {"a": "1", "b": None})
     assert _pg_patches() == [(rawapi.MERGE_PATCH,
                               {"metadata": {"annotations": {"a": "1", "b": None}}})]
@@ -70,7 +71,7 @@ def test_refusals_are_never_raised_and_only_a_deleted_object_is_silent(
         logged: bool) -> None:
     _Server.pg_status = status
     with caplog.at_level(logging.WARNING, logger="kai_ray"):
-        assert not rawapi.annotate_quietly(api, PG_GROUP, PG_VERSION, PG_PLURAL, "PodGroup",
+        assert not rawapi.annotate_quietly(api, PODGROUP,
                                            _pg(), {"a": "1"})
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
     assert warnings == ([f"PodGroup pg-1 annotations ['a'] not written: {status}"] if logged
@@ -87,9 +88,9 @@ def test_status_writer_stale_marks_go_through_it(api: client.ApiClient,
     with caplog.at_level(logging.WARNING, logger="kai_ray"):
         writer.stale(result, {"pg-1": _pg()})
     assert _pg_patches() == [(rawapi.MERGE_PATCH, {"metadata": {"annotations": {
-        convert.STALE_ANNOTATION: "1970-01-01T00:00:00Z"}}})]
+        api_names.STALE_ANNOTATION: "1970-01-01T00:00:00Z"}}})]
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert warnings == ([f"PodGroup pg-1 annotations ['{convert.STALE_ANNOTATION}'] not "
+    assert warnings == ([f"PodGroup pg-1 annotations ['{api_names.STALE_ANNOTATION}'] not "
                          f"written: {status}"] if status == 500 else [])
 
 
@@ -107,7 +108,7 @@ def test_binder_last_start_stamp_goes_through_it(api: client.ApiClient,
     events.flush(5)
     assert bound == 1  # a refused stamp does not undo the bind
     ((_ctype, body),) = _pg_patches()
-    assert list(body["metadata"]["annotations"]) == [convert.LAST_START_ANNOTATION]
+    assert list(body["metadata"]["annotations"]) == [api_names.LAST_START_ANNOTATION]
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert warnings == ([f"PodGroup pg-1 annotations ['{convert.LAST_START_ANNOTATION}'] not "
+    assert warnings == ([f"PodGroup pg-1 annotations ['{api_names.LAST_START_ANNOTATION}'] not "
                          f"written: {status}"] if status == 500 else [])

@@ -13,6 +13,7 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from kai_ray import api_names
 from kai_ray.core.result import Bind, CycleResult
 from kai_ray.k8s import convert
 from kai_ray.k8s.binder import Binder, BinderConfig
@@ -85,8 +86,8 @@ class _Binder(Binder):
 def _pod(name: str, group: str = "g") -> dict:
     """A pending pod of our scheduler in PodGroup `group` (an intent acts only on those)."""
     return {"metadata": {"name": name, "namespace": "ns", "uid": name,
-                         "annotations": {convert.POD_GROUP_ANNOTATION: group}},
-            "spec": {"schedulerName": convert.SCHEDULER_NAME}, "status": {"phase": "Pending"}}
+                         "annotations": {api_names.POD_GROUP_ANNOTATION: group}},
+            "spec": {"schedulerName": api_names.SCHEDULER_NAME}, "status": {"phase": "Pending"}}
 
 
 def unbound(pg: dict) -> set[str]:
@@ -188,7 +189,7 @@ def test_gangs_resume_concurrently_each_on_its_own() -> None:
         names = [f"p{g}-{i}" for i in range(3)]
         pods.update({f"ns/{n}": _pod(n, f"g{g}") for n in names})
         pgs[f"g{g}"] = {"metadata": {"name": f"g{g}", "namespace": "ns", "annotations": {
-            convert.BIND_INTENT_ANNOTATION: json.dumps({n: {"node": "n1"} for n in names})}}}
+            api_names.BIND_INTENT_ANNOTATION: json.dumps({n: {"node": "n1"} for n in names})}}}
     binder = _Binder({"p2-1": ApiException(status=422, reason="Invalid")}, attempts=5,
                      workers=4)
     assert binder.resume(pgs.values(), pods) == 16
@@ -206,14 +207,14 @@ def test_gone_or_already_bound_pods_are_not_failures() -> None:
 
 def test_an_unreadable_intent_entry_is_dropped_not_raised() -> None:
     pods, pgs, _ = _setup(["a", "b"])
-    pgs["g"]["metadata"]["annotations"][convert.BIND_INTENT_ANNOTATION] = json.dumps(
+    pgs["g"]["metadata"]["annotations"][api_names.BIND_INTENT_ANNOTATION] = json.dumps(
         {"a": {"node": "n1"}, "b": "garbage"})
     binder = _Binder({})
     assert binder.resume(pgs.values(), pods) == 1
     assert binder.bound == ["a"]
     assert not convert.bind_intent(pgs["g"])
     # a string where a list belongs would be one GPU group per character
-    pgs["g"]["metadata"]["annotations"][convert.BIND_INTENT_ANNOTATION] = json.dumps(
+    pgs["g"]["metadata"]["annotations"][api_names.BIND_INTENT_ANNOTATION] = json.dumps(
         {"b": {"node": "n1", "gpu_groups": "g-1"}})
     binder.resume(pgs.values(), pods)
     assert binder.bound == ["a"] and not convert.bind_intent(pgs["g"])
@@ -221,7 +222,7 @@ def test_an_unreadable_intent_entry_is_dropped_not_raised() -> None:
 
 def test_reservation_clean_up_reads_a_hand_edited_intent_without_raising() -> None:
     pg = {"metadata": {"name": "g", "namespace": "ns", "annotations": {
-        convert.BIND_INTENT_ANNOTATION: json.dumps({"a": "x", "b": {"gpu_groups": "abc"}})}}}
+        api_names.BIND_INTENT_ANNOTATION: json.dumps({"a": "x", "b": {"gpu_groups": "abc"}})}}}
     assert _Binder({}).collect_reservations([], [pg]) == 0
 
 
@@ -237,7 +238,7 @@ def test_a_refused_or_failed_eviction_is_reported_on_the_victim() -> None:
 
 
 def _with_intent(pods: dict, pgs: dict, since: float, **entries: dict) -> None:
-    pgs["g"]["metadata"]["annotations"][convert.BIND_INTENT_ANNOTATION] = json.dumps(
+    pgs["g"]["metadata"]["annotations"][api_names.BIND_INTENT_ANNOTATION] = json.dumps(
         {n: {"node": "n1", "since": since, **e} for n, e in entries.items()})
 
 
@@ -246,13 +247,13 @@ def test_a_transaction_past_its_deadline_is_rolled_back() -> None:
 
     pods, pgs, _ = _setup(["a", "b"])
     pods["ns/a"]["spec"]["nodeName"] = "n1"  # bound by the transaction
-    pods["ns/b"]["metadata"]["labels"] = {convert.GPU_GROUP_LABEL: "grp"}  # set up, not bound
+    pods["ns/b"]["metadata"]["labels"] = {api_names.GPU_GROUP_LABEL: "grp"}  # set up, not bound
     binder = _Binder({})
     _with_intent(pods, pgs, time.time() - 10, a={"bound": True}, b={})
     assert binder.resume(pgs.values(), pods) == 1, "within its deadline it goes on"
     pods, pgs, _ = _setup(["a", "b"])
     pods["ns/a"]["spec"]["nodeName"] = "n1"
-    pods["ns/b"]["metadata"]["labels"] = {convert.GPU_GROUP_LABEL: "grp"}
+    pods["ns/b"]["metadata"]["labels"] = {api_names.GPU_GROUP_LABEL: "grp"}
     pods["ns/b"]["spec"]["containers"] = [{"name": "main"}]
     binder = _Binder({})
     _with_intent(pods, pgs, time.time() - binder.config.bind_deadline_s - 1,
@@ -262,7 +263,7 @@ def test_a_transaction_past_its_deadline_is_rolled_back() -> None:
     assert set(binder.gave_up) == {"ns/b"} and "not bound whole within 300s" in \
         binder.gave_up["ns/b"]
     assert binder.core.patched == [  # type: ignore[attr-defined]
-        ("b", {"metadata": {"labels": {convert.GPU_GROUP_LABEL: None}}})]
+        ("b", {"metadata": {"labels": {api_names.GPU_GROUP_LABEL: None}}})]
     assert binder.core.deleted_configmaps == ["b-shared-gpu-0"]  # type: ignore[attr-defined]
     assert not convert.bind_intent(pgs["g"])
 
@@ -328,7 +329,7 @@ def test_an_intent_acts_only_on_the_pods_of_its_gang_as_decided() -> None:
     pods["ns/foreign"] = {**_pod("foreign"), "spec": {"schedulerName": "default-scheduler"}}
     pods["ns/other"] = _pod("other", group="someone-else")
     pods["ns/victim"] = {**_pod("victim", group="someone-else"),
-                         "spec": {"schedulerName": convert.SCHEDULER_NAME, "nodeName": "n1"}}
+                         "spec": {"schedulerName": api_names.SCHEDULER_NAME, "nodeName": "n1"}}
     pods["ns/renewed"] = _pod("renewed")
     binder = _Binder({})
     _with_intent(pods, pgs, 0.0, a={"uid": "a"}, foreign={}, other={}, victim={"bound": True},
@@ -384,9 +385,9 @@ def test_the_start_is_stamped_once_not_with_every_later_bind() -> None:
     binder = _Binder({"b": ConnectionResetError("reset")}, retry_s=(0.0, 0.0))
     _with_intent(pods, pgs, time.time(), a={"start": True}, b={"start": True})
     binder.resume(pgs.values(), pods)
-    stamps = [p for p in binder.patches if convert.LAST_START_ANNOTATION in p]
+    stamps = [p for p in binder.patches if api_names.LAST_START_ANNOTATION in p]
     assert len(stamps) == 1 and not any(
         v.get("start") for v in convert.bind_intent(pgs["g"]).values())
     del binder.refuse["b"]
     binder.resume(pgs.values(), pods)  # b binds later: the start stays when a began
-    assert len([p for p in binder.patches if convert.LAST_START_ANNOTATION in p]) == 1
+    assert len([p for p in binder.patches if api_names.LAST_START_ANNOTATION in p]) == 1

@@ -11,8 +11,9 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from kai_ray import api_names
 from kai_ray.controller.scheduler_loop import LoopConfig, SchedulerLoop
-from kai_ray.k8s import convert, rawapi
+from kai_ray.k8s import rawapi
 from kai_ray.k8s.binder import Binder, BinderConfig
 from kai_ray.k8s.fencing import MIN_LEASE_LEFT_S, Fenced
 from tests.k8s.test_binder_faults import _Binder, _setup, unbound
@@ -23,7 +24,7 @@ def test_no_lease_left_no_writes_and_the_intent_stays_for_the_next_leader() -> N
     binder = _Binder({})
     left = iter([10.0, 0.2])  # the lease runs out after the first bind
     binder.fence = lambda: next(left, 0.0)
-    pgs["g"]["metadata"]["annotations"][convert.BIND_INTENT_ANNOTATION] = json.dumps(
+    pgs["g"]["metadata"]["annotations"][api_names.BIND_INTENT_ANNOTATION] = json.dumps(
         {n: {"node": "n1"} for n in ("a", "b", "c")})
     assert binder.resume(pgs.values(), pods) == 1
     assert binder.bound == ["a"] and binder.fenced == 1

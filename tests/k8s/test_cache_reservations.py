@@ -6,14 +6,15 @@ from __future__ import annotations
 
 from kubernetes import client
 
+from kai_ray import api_names
 from kai_ray.k8s import convert
 from kai_ray.k8s.cache import ClusterCache
 from kai_ray.testing.nodes import gpu_node_manifest
 
 
 def _reservation(name: str, deleting: bool) -> dict:
-    meta: dict = {"name": name, "namespace": convert.RESERVATION_NAMESPACE, "uid": name,
-                  "labels": {convert.GPU_GROUP_LABEL: f"group-{name}"}}
+    meta: dict = {"name": name, "namespace": api_names.RESERVATION_NAMESPACE, "uid": name,
+                  "labels": {api_names.GPU_GROUP_LABEL: f"group-{name}"}}
     if deleting:
         meta["deletionTimestamp"] = "2026-11-26T00:00:00Z"
     return {"metadata": meta, "status": {"phase": "Running"},
@@ -24,10 +25,10 @@ def _reservation(name: str, deleting: bool) -> dict:
 def _sharer(group: str) -> dict:
     """A running pod of PodGroup "pg" with half of the device `group`."""
     return {"metadata": {"name": f"sharer-{group}", "namespace": "ns", "uid": group,
-                         "labels": {convert.GPU_GROUP_LABEL: group},
+                         "labels": {api_names.GPU_GROUP_LABEL: group},
                          "annotations": {"pod-group-name": "pg", "gpu-fraction": "0.5"}},
             "status": {"phase": "Running"},
-            "spec": {"nodeName": "n0", "schedulerName": convert.SCHEDULER_NAME,
+            "spec": {"nodeName": "n0", "schedulerName": api_names.SCHEDULER_NAME,
                      "containers": [{"name": "c"}]}}
 
 
@@ -73,4 +74,4 @@ def test_the_configured_reservation_namespace_is_where_reservations_are_read() -
         return node.foreign_gpus
 
     assert foreign("gpu-holders") == 0
-    assert foreign(convert.RESERVATION_NAMESPACE) == 1
+    assert foreign(api_names.RESERVATION_NAMESPACE) == 1

@@ -1,5 +1,6 @@
 """Kubernetes objects to core types: the pure conversions the watch cache relies on."""
 
+from kai_ray import api_names
 from kai_ray.core.constraints import Requirement, Taint, Toleration
 from kai_ray.core.model import PodStatus
 from kai_ray.k8s import convert
@@ -138,7 +139,7 @@ def test_an_intent_entry_out_of_shape_is_no_intent_not_an_unreadable_podgroup() 
     import json as _json
 
     pg = {"metadata": {"name": "g", "namespace": "ns", "annotations": {
-        convert.BIND_INTENT_ANNOTATION: _json.dumps({"a": "junk", "b": {"node": "n1"}})}},
+        api_names.BIND_INTENT_ANNOTATION: _json.dumps({"a": "junk", "b": {"node": "n1"}})}},
         "spec": {"queue": "q"}}
     pods = [{"metadata": {"name": n, "namespace": "ns"}, "spec": {"containers": [{"name": "c"}]},
              "status": {"phase": "Pending"}} for n in ("a", "b")]

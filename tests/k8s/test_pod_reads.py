@@ -7,6 +7,7 @@ import copy
 
 import pytest
 
+from kai_ray import api_names
 from kai_ray.core.model import PodStatus
 from kai_ray.k8s import convert
 from kai_ray.k8s.cache import PodReads
@@ -54,7 +55,7 @@ def test_a_changed_intent_entry_is_read_again() -> None:
 def test_a_bad_pod_raises_every_time_and_is_not_kept() -> None:
     reads = PodReads()
     pod = _pod("a")
-    pod["metadata"]["labels"] = {convert.TASK_PRIORITY_LABEL: "high"}
+    pod["metadata"]["labels"] = {api_names.TASK_PRIORITY_LABEL: "high"}
     for _ in range(2):
         with pytest.raises(convert.InvalidField):
             reads.read(pod, None)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from kubernetes import client
 
-from kai_ray.k8s import convert
+from kai_ray import api_names
 from kai_ray.k8s.binder import Binder, BinderConfig
 from kai_ray.k8s.events import EventRecorder
 
@@ -27,10 +27,10 @@ def test_every_node_and_group_gets_its_own_valid_name() -> None:
 def test_found_by_label_and_node_not_by_name() -> None:
     binder = Binder(client.ApiClient(client.Configuration()),
                     EventRecorder(client.ApiClient(client.Configuration())))
-    ns = convert.RESERVATION_NAMESPACE
+    ns = api_names.RESERVATION_NAMESPACE
 
     def res(name: str, node: str, group: str, deleting: bool = False) -> dict:
-        meta = {"name": name, "namespace": ns, "labels": {convert.GPU_GROUP_LABEL: group}}
+        meta = {"name": name, "namespace": ns, "labels": {api_names.GPU_GROUP_LABEL: group}}
         if deleting:
             meta["deletionTimestamp"] = "2026-11-26T00:00:00Z"
         return {"metadata": meta, "spec": {"nodeName": node}}
@@ -76,14 +76,14 @@ def test_reservation_pods_live_in_the_configured_namespace() -> None:
                           ("create", "gpu-holders", name)]
     pod = {"metadata": {"name": name, "namespace": "gpu-holders",
                         "labels": {"app": "kai-resource-reservation",
-                                   convert.GPU_GROUP_LABEL: "g1"}},
+                                   api_names.GPU_GROUP_LABEL: "g1"}},
            "spec": {"nodeName": "node-a"}}
     assert binder._reservation("node-a", "g1", {f"gpu-holders/{name}": pod}) is pod
     binder._reservations = None
     assert binder._reservation("node-a", "g1", {
-        f"{convert.RESERVATION_NAMESPACE}/{name}": pod}) is None  # not where it looks
+        f"{api_names.RESERVATION_NAMESPACE}/{name}": pod}) is None  # not where it looks
     # the same pod in the default namespace is none of its business
-    stray = {**pod, "metadata": {**pod["metadata"], "namespace": convert.RESERVATION_NAMESPACE}}
+    stray = {**pod, "metadata": {**pod["metadata"], "namespace": api_names.RESERVATION_NAMESPACE}}
     assert binder.collect_reservations([stray]) == 0
     assert binder.collect_reservations([pod]) == 1  # no pod shares g1 any more
     assert core.calls[-1] == ("delete", "gpu-holders", name)

@@ -12,8 +12,8 @@ import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from kai_ray import api_names
 from kai_ray.core.model import PodStatus, Snapshot
-from kai_ray.k8s import convert
 from kai_ray.k8s.cache import ClusterCache, Informer
 
 
@@ -43,7 +43,7 @@ def _pod(name: str, ns: str = "ns", group: str | None = None, node: str | None =
 
 def _pg(name: str, ns: str = "ns", min_member: object = 1, intent: dict | None = None
         ) -> dict:
-    ann = {convert.BIND_INTENT_ANNOTATION: json.dumps(intent)} if intent else {}
+    ann = {api_names.BIND_INTENT_ANNOTATION: json.dumps(intent)} if intent else {}
     return {"metadata": {"name": name, "namespace": ns, "uid": f"uid-{name}",
                          "annotations": ann},
             "spec": {"queue": "q", "minMember": min_member}}
@@ -141,7 +141,7 @@ def test_a_bad_pod_in_a_good_gangs_intent_keeps_its_room_until_bound() -> None:
     bad = _pod("bad", group="g", gpus=2)
     done = _pod("done", group="g", gpus=4, phase="Failed")  # finished: holds nothing
     for pod in (bad, done):
-        pod["metadata"]["labels"][convert.TASK_PRIORITY_LABEL] = "high"
+        pod["metadata"]["labels"][api_names.TASK_PRIORITY_LABEL] = "high"
     intent = {"good": {"node": "n1", "gpu_groups": []}, "bad": {"node": "n2"},
               "done": {"node": "n2"}}
     cache = _cache([_node("n1"), _node("n2")], [_pod("good", group="g", gpus=1), bad, done],
@@ -160,10 +160,10 @@ def test_a_bad_pod_in_a_good_gangs_intent_keeps_its_room_until_bound() -> None:
 
 def _reservation(group: str) -> dict:
     """A live reservation pod on n1, labelled with its group as the binder creates it."""
-    pod = _pod(f"gpu-reservation-{group}", ns=convert.RESERVATION_NAMESPACE, node="n1", gpus=1,
+    pod = _pod(f"gpu-reservation-{group}", ns=api_names.RESERVATION_NAMESPACE, node="n1", gpus=1,
                scheduler="default-scheduler", phase="Running")
     pod["metadata"]["labels"] = {"app": "kai-resource-reservation",
-                                 convert.GPU_GROUP_LABEL: group}
+                                 api_names.GPU_GROUP_LABEL: group}
     return pod
 
 
@@ -171,13 +171,13 @@ def _sharer(name: str, group: str, pg: str, node: str | None = "n1") -> dict:
     pod = _pod(name, group=pg, node=node, phase="Running" if node else "Pending",
                annotations={"gpu-fraction": "0.5"})
     if node:
-        pod["metadata"]["labels"] = {convert.GPU_GROUP_LABEL: group}
+        pod["metadata"]["labels"] = {api_names.GPU_GROUP_LABEL: group}
     return pod
 
 
 def test_a_shared_gpu_whose_sharers_are_all_left_out_is_held_by_its_reservation_pod() -> None:
     bad = _sharer("bad", "grp-bad", "g")
-    bad["metadata"]["labels"][convert.TASK_PRIORITY_LABEL] = "x"
+    bad["metadata"]["labels"][api_names.TASK_PRIORITY_LABEL] = "x"
     cache = _cache([_node("n1")],
                    [_reservation("grp-bad"), bad,  # a bad pod of a good gang
                     _reservation("grp-broken"), _sharer("s", "grp-broken", "broken"),
@@ -200,7 +200,7 @@ def test_a_left_out_intent_holds_its_new_shared_device_before_its_reservation_po
     snapshot, _, _ = cache.snapshot()
     # both pods (no GPU of their own counted: a fraction) and the one device they share
     assert _foreign(snapshot)["n1"][2:] == (1, 2)
-    cache.pods.items[f"{convert.RESERVATION_NAMESPACE}/r"] = _reservation("grp-new")
+    cache.pods.items[f"{api_names.RESERVATION_NAMESPACE}/r"] = _reservation("grp-new")
     snapshot, _, _ = cache.snapshot()
     assert _foreign(snapshot)["n1"][2:] == (1, 3)  # the device once, as its reservation pod
 

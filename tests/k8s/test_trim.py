@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from kai_ray import api_names
 from kai_ray.grouping.owners import resolve_top_owner
 from kai_ray.grouping.podgroup import group_pod, should_group
 from kai_ray.grouping.update import podgroup_update
@@ -298,7 +299,7 @@ def test_a_bare_pod_groups_as_the_whole_one_with_its_annotations() -> None:
 
 def test_a_waiting_reservation_pod_reports_the_same_state_trimmed() -> None:
     res = {"metadata": {"name": "gpu-reservation-n1-abc", "namespace":
-                        convert.RESERVATION_NAMESPACE, "managedFields": [{"manager": "x"}]},
+                        api_names.RESERVATION_NAMESPACE, "managedFields": [{"manager": "x"}]},
            "spec": {"nodeName": "n1", "containers": [{"name": "reservation", "env": [],
                                                      "image": "i"}]},
            "status": {"phase": "Pending", "containerStatuses": [{
