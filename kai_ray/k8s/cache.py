@@ -25,6 +25,7 @@ from kai_ray.core.model import Job, Node, Pod, PodStatus, Snapshot
 from kai_ray.core.queuetree import queue_cycles
 from kai_ray.k8s import convert, rawapi, trim
 from kai_ray.k8s.provisional import ProvisionalGroups
+from kai_ray.k8s.suspend import stand_in_pods
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
@@ -397,8 +398,6 @@ class ClusterCache:
                 problems.append(_pod_problem(pod, bad, " (ignored: kai-scheduler does not "
                                              "place this pod; counted by its resources)"))
             _count_foreign(foreign, pod, problems)
-        from kai_ray.k8s.suspend import stand_in_pods  # suspend needs this module's names
-
         classes, default = self._priority_classes(problems)
         jobs = []
         podgroups: dict[str, Obj] = {}
