@@ -25,9 +25,9 @@ _HANDLERS: dict[str, str] = {
     "bench-packing": "kai_ray.sim.packing_cli:cmd_bench_packing",
     "dev-cluster": "kai_ray.testing.devcluster:cmd_dev_cluster",
     "run": "kai_ray.controller.main:cmd_run",
-    "queues": "kai_ray.k8s.tools:cmd_queues",
-    "explain": "kai_ray.k8s.tools:cmd_explain",
-    "snapshot": "kai_ray.k8s.tools:cmd_snapshot",
+    "queues": "kai_ray.tools.queues:cmd_queues",
+    "explain": "kai_ray.tools.explain:cmd_explain",
+    "snapshot": "kai_ray.tools.snapshot:cmd_snapshot",
     "webhook": "kai_ray.controller.webhook_server:cmd_webhook",
     "apply-crds": "kai_ray.k8s.crd_apply:cmd_apply_crds",
 }

@@ -1,4 +1,4 @@
-"""kai_ray.k8s.tools without a cluster: snapshot -> scenario -> simulate is lossless for the
+"""kai_ray.tools without a cluster: snapshot -> scenario -> simulate is lossless for the
 scheduler's decisions, and queues/explain report the core's own numbers."""
 
 from __future__ import annotations
@@ -21,8 +21,11 @@ from kai_ray.core.model import (
     Snapshot,
 )
 from kai_ray.core.schedule import schedule
-from kai_ray.k8s.tools import Live, explain, predicted, queue_rows, scenario_of
 from kai_ray.sim.scenario import NOW, config_of, load, snapshot_of
+from kai_ray.tools.explain import explain
+from kai_ray.tools.live import Live
+from kai_ray.tools.queues import queue_rows
+from kai_ray.tools.snapshot import predicted, scenario_of
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIO_FILES = [ROOT / "tests" / "scenarios" / "kai-conformance.yaml",

@@ -352,6 +352,13 @@ class ClusterCache:
         for inf in self.informers:
             inf.stop()
 
+    def list_once(self) -> None:
+        """Fill the cache by one list of each kind, with no watch threads: for a one-shot
+        command, which must exit cleanly (`kai-ray explain`, `queues`, `snapshot`)."""
+        self.check_crds()
+        for inf in self.informers:
+            inf._list()
+
     # -------------------------------------------------------------------------------- snapshot
     def snapshot(self) -> tuple[Snapshot, list[convert.Problem], dict[str, Obj]]:
         """(snapshot, problems found while reading it, PodGroups by job key (`ns/name`)).
