@@ -50,7 +50,7 @@ import string
 import threading
 import time
 from collections import Counter
-from collections.abc import AsyncIterator, Collection, Mapping
+from collections.abc import AsyncIterator, Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -66,9 +66,10 @@ from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
 
 from kai_ray.api_names import QUEUE
-from kai_ray.controller.listwatch import ListWatchCache
 from kai_ray.grouping import admission
 from kai_ray.grouping.config import GroupingConfig
+from kai_ray.k8s import rawapi
+from kai_ray.k8s.cache import Informer
 
 log = logging.getLogger(__name__)
 
@@ -317,8 +318,10 @@ class WebhookHandle:
         self._kopf_ready = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self.queues: ListWatchCache | None = None
-        self.namespaces: ListWatchCache | None = None
+        # the Queues and Namespaces the admission rules read, kept current by watches (a round
+        # trip per pod creation would sit inside the API server's own request)
+        self.queues: Informer | None = None
+        self.namespaces: Informer | None = None
         # admission calls served, by handler id (what reached us past the match conditions)
         self.calls: Counter[str] = Counter()
 
@@ -326,20 +329,20 @@ class WebhookHandle:
     def _queue_inputs(self) -> dict[str, str | None] | None:
         if self.queues is None:
             return None
-        if not self.queues.synced:
+        if not self.queues.synced.is_set():
             raise kopf.AdmissionError("kai-ray admission: the Queue list is not loaded yet "
                                       f"({self.queues.last_error or 'starting'}); retry",
                                       code=503)
-        return self.queues.items()
+        return {q["metadata"]["name"]: q["parent"] for q in self.queues.values()}
 
     def _namespace_labels(self, namespace: str) -> dict[str, str] | None:
         if self.namespaces is None:
             return None
-        labels = self.namespaces.items().get(namespace)
-        if labels is None:  # created an instant ago, not seen by the watch yet
+        seen = self.namespaces.get(namespace)
+        if seen is None:  # created an instant ago, not seen by the watch yet
             ns = client.CoreV1Api(self.api).read_namespace(namespace)
-            labels = dict(ns.metadata.labels or {})
-        return dict(labels)
+            return dict(ns.metadata.labels or {})
+        return dict(seen["labels"])
 
     def _fresh_queues(self) -> dict[str, str | None]:
         listing = client.CustomObjectsApi(self.api).list_cluster_custom_object(*QUEUE.gvp)
@@ -412,8 +415,8 @@ class WebhookHandle:
                     raise TimeoutError(f"admission webhook: not ready after {timeout:.0f}s "
                                        f"({what}: no)")
         for cache in (self.queues, self.namespaces):
-            if cache is not None and not cache.wait_synced(max(0.0, deadline - time.monotonic())):
-                raise TimeoutError(f"admission webhook: {cache.kind} not listed after "
+            if cache is not None and not cache.synced.wait(max(0.0, deadline - time.monotonic())):
+                raise TimeoutError(f"admission webhook: {cache.name} not listed after "
                                    f"{timeout:.0f}s ({cache.last_error})")
         if not self.config.manage_configurations:
             return  # nothing of ours to probe: whoever owns the configurations routes to us
@@ -521,6 +524,21 @@ class _NoMemories(ResourceMemories):
         return await super().recall(raw_body, **{**kwargs, "ephemeral": True})
 
 
+def _watch(api: client.ApiClient, kind: str, path: str, key: str,
+           value: Callable[[Mapping[str, Any]], Any]) -> Informer:
+    """The scheduler's own informer on a cluster-scoped kind, each object trimmed to its name,
+    its resourceVersion (where the watch resumes) and `key`: value(object)."""
+    def keep(obj: dict[str, Any]) -> dict[str, Any]:
+        m = obj.get("metadata") or {}
+        return {"metadata": {"name": m.get("name"), "resourceVersion": m.get("resourceVersion")},
+                key: value(obj)}
+
+    informer = Informer(kind, rawapi.lister(api, path), on_change=lambda *_: None,
+                        transform=keep)
+    informer.start()
+    return informer
+
+
 def start_webhook(kubeconfig: str | None, config: WebhookConfig | None = None,
                   api: client.ApiClient | None = None) -> WebhookHandle:
     """Start the webhook in a background thread; returns at once (see ``wait_ready``)."""
@@ -528,15 +546,12 @@ def start_webhook(kubeconfig: str | None, config: WebhookConfig | None = None,
     api = api or kube_config.new_client_from_config(config_file=kubeconfig)
     handle = WebhookHandle(api, config)
     if config.grouping.validate_queue:
-        custom = client.CustomObjectsApi(api)
-        core = client.CoreV1Api(api)
-        handle.queues = ListWatchCache(
-            "queues", lambda **kw: custom.list_cluster_custom_object(*QUEUE.gvp, **kw),
-            value=lambda q: (q.get("spec") or {}).get("parentQueue") or None).start()
+        handle.queues = _watch(api, "queues", QUEUE.path(), "parent",
+                               lambda q: (q.get("spec") or {}).get("parentQueue") or None)
         if config.grouping.namespace_queue:
-            handle.namespaces = ListWatchCache(
-                "namespaces", lambda **kw: core.list_namespace(**kw),
-                value=lambda ns: dict((ns.get("metadata") or {}).get("labels") or {})).start()
+            handle.namespaces = _watch(
+                api, "namespaces", "/api/v1/namespaces", "labels",
+                lambda ns: dict((ns.get("metadata") or {}).get("labels") or {}))
 
     settings = kopf.OperatorSettings()
     settings.admission.server = _Server(

@@ -58,9 +58,13 @@ class Informer:
     def __init__(self, name: str, list_fn: ListFn, on_change: OnChange,
                  watch_timeout: int = 60,
                  transform: Callable[[Obj], Obj] | None = None,
-                 connect_timeout: float = 5.0, list_timeout: float = 60.0) -> None:
+                 connect_timeout: float = 5.0, list_timeout: float = 60.0,
+                 refused_retry_s: float | None = None) -> None:
         """`transform`: applied to every object before it is kept (trims what the scheduler
-        never reads); identity by default."""
+        never reads); identity by default. `refused_retry_s`: for a kind that may be missing
+        (another project's CRD) or not granted, a 403 or 404 answer waits this long (or until
+        `wake()`) before the next try, and is logged when it starts and when it ends, not at
+        every try; by default it is retried like any fault."""
         self.name = name
         self.transform = transform or (lambda obj: obj)
         self.list_fn = list_fn
@@ -74,6 +78,9 @@ class Informer:
         self.list_timeout = list_timeout
         self.last_contact = time.monotonic()
         self.last_error: str | None = None
+        self.refused_retry_s = refused_retry_s
+        self.refused: ApiException | None = None  # the 403/404 answer of the last try, if any
+        self._wake = threading.Event()  # a stop, or a reason to try a refused list again now
         self.thread = threading.Thread(target=self._run, name=f"informer-{name}", daemon=True)
 
     def start(self) -> None:
@@ -83,6 +90,13 @@ class Informer:
         """The stream ends at its next event or timeout (the thread is a daemon). Closing the
         response from here would block on the lock its reading thread holds."""
         self.stopping.set()
+        self._wake.set()
+
+    def wake(self) -> None:
+        """Try a refused list again now (e.g. the kind was just seen served), not at the end of
+        `refused_retry_s`."""
+        if self.refused is not None:
+            self._wake.set()
 
     def values(self) -> list[Obj]:
         with self.lock:
@@ -117,6 +131,9 @@ class Informer:
             token = listed.get("continue")
             if not token:
                 break
+        if self.refused is not None:
+            log.info("list of %s works again", self.name)
+            self.refused = None
         with self.lock:
             before, self.items = self.items, fresh
         for key in set(before) - set(fresh):
@@ -185,6 +202,10 @@ class Informer:
                     rv = ""
                     if failures == 1:
                         continue
+                if e.status in (403, 404) and self.refused_retry_s is not None:
+                    self._refused(e)
+                    rv = ""  # the kind may come back with none of what it held
+                    continue
                 self._failed(f"{e.status} {e.reason}", failures)
             except (urllib3.exceptions.HTTPError, OSError) as e:
                 # a timeout or a dropped connection: watch again from where we were (a
@@ -201,6 +222,17 @@ class Informer:
                 rv = ""
                 failures += 1
                 self._failed(f"{type(e).__name__}: {e}", failures)
+
+    def _refused(self, e: ApiException) -> None:
+        if self.refused is None or self.refused.status != e.status:
+            # a kind not served (404: another project's CRD, not installed) may be normal here
+            log.log(logging.INFO if e.status == 404 else logging.WARNING,
+                    "list of %s refused (%s %s); trying again every %.0fs", self.name,
+                    e.status, e.reason, self.refused_retry_s)
+        self.refused = e
+        self.last_error = f"{e.status} {e.reason}"
+        self._wake.wait(self.refused_retry_s)
+        self._wake.clear()
 
     def _failed(self, error: str, failures: int) -> None:
         """Wait before the next try: jittered, doubling from 0.25 s to at most 4 s, so a
