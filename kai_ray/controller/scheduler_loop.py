@@ -15,6 +15,13 @@ from typing import Any
 from kubernetes import client
 
 from kai_ray.api_names import PODGROUP, QUEUE
+from kai_ray.controller.plan import (
+    BACKOFF_SECONDS,
+    BackOff,
+    CyclePlan,
+    backoff_seconds,
+    plan_cycle,
+)
 from kai_ray.core.model import ACTIVE_ALLOCATED, PodStatus, SchedulerConfig, Snapshot
 from kai_ray.core.result import CycleResult
 from kai_ray.core.schedule import describe_core, schedule
@@ -24,14 +31,11 @@ from kai_ray.k8s.events import EventRecorder
 from kai_ray.k8s.fencing import MIN_LEASE_LEFT_S
 from kai_ray.k8s.provisional import WRITE, is_provisional
 from kai_ray.k8s.status import StatusWriter
-from kai_ray.k8s.suspend import DEMAND_ANNOTATION, Suspender, wants_suspend
+from kai_ray.k8s.suspend import Suspender
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 ASSUME_SECONDS = 30.0
-# a pod whose bind failed for good waits this long before it is scheduled again, doubling
-# with each give-up (kube-scheduler's unschedulable-pod back-off has the same shape)
-BACKOFF_SECONDS = (10.0, 300.0)
 # the API version events name for each kind a Problem can be about
 PROBLEM_KINDS = {"Pod": "v1", "Node": "v1", "PriorityClass": "scheduling.k8s.io/v1",
                  PODGROUP.kind: PODGROUP.api_version, QUEUE.kind: QUEUE.api_version}
@@ -170,10 +174,12 @@ class SchedulerLoop:
             self._back_off(self.binder.gave_up)
         snapshot = self._apply_assumed(snapshot, pods)
         t_snap = time.perf_counter()
-        result = schedule(snapshot, self.config.core, time.time(), clock=time.perf_counter)
-        self._explain_backoff(result, snapshot)
+        decided = schedule(snapshot, self.config.core, time.time(), clock=time.perf_counter)
         t_core = time.perf_counter()
-        self._carry_out(result, snapshot, podgroups, pods, problems)
+        plan = plan_cycle(decided, snapshot, podgroups, pods,
+                          BackOff(self.backoff, self._backoff_why), time.monotonic())
+        result = plan.result
+        self._carry_out(plan, podgroups, pods, problems)
         self.cycles += 1
         self.last_result = result
         end = time.perf_counter()
@@ -192,16 +198,21 @@ class SchedulerLoop:
             self.on_cycle(result)
         return result
 
-    def _carry_out(self, result: CycleResult, snapshot: Snapshot, podgroups: dict[str, Obj],
-                   pods: dict[str, Obj], problems: list[Any]) -> None:
-        """Each step on its own: a fault in one (an API error, a reset, a bug) is logged and
-        the others still run; the steps repeat what is left next cycle."""
+    def _carry_out(self, plan: CyclePlan, podgroups: dict[str, Obj], pods: dict[str, Obj],
+                   problems: list[Any]) -> None:
+        """The plan's writes, each step on its own: a fault in one (an API error, a reset, a
+        bug) is logged and the others still run; the steps repeat what is left next cycle."""
+        result = plan.result
         until = time.monotonic() + ASSUME_SECONDS
-        suspended: set[str] = set(self._step("suspending RayJobs", [], self._suspend_instead,
-                                             result, snapshot, podgroups, pods) or ())
+        suspended: set[str] = set()
+        for s in plan.suspensions:
+            if self._step("suspending a RayJob", False, self.suspender.suspend, s.podgroup,
+                          list(s.pods), s.message):
+                suspended |= s.pod_keys
         for key in suspended:
             self.assumed[key] = _Assumed(PodStatus.RELEASING, None, (), until)
-        self._step("resuming RayJobs", None, self._resume_suspended, result, podgroups, pods)
+        for pg in plan.resumptions:
+            self._step("resuming a RayJob", None, self.suspender.resume, pg)
         for ev in result.evictions:
             if f"{ev.namespace}/{ev.pod}" in suspended:
                 continue  # its RayJob was suspended instead
@@ -209,11 +220,8 @@ class SchedulerLoop:
             if pod is not None and self.binder.evict(pod, ev.message, ev.action):
                 self.assumed[f"{ev.namespace}/{ev.pod}"] = _Assumed(
                     PodStatus.RELEASING, ev.node, (), until)
-        bound_jobs = {b.job for b in result.binds}
         # jobs that start now: the binder stamps their last-start time with their binds
-        started = {j.name for j in snapshot.jobs if j.name in bound_jobs
-                   and not any(p.status in ACTIVE_ALLOCATED for p in j.pods)}
-        self.binder.apply_binds(result, podgroups, pods, started)
+        self.binder.apply_binds(result, podgroups, pods, set(plan.starting))
         # counted from the end of the binds: a bind phase of thousands of pods can outlast
         # ASSUME_SECONDS, and an assumption that expired before the watch showed its bind would
         # let the next cycle decide the same pod again (the API server refuses: 409)
@@ -270,25 +278,6 @@ class SchedulerLoop:
             self._backoff_why[key] = gave_up[key]
             log.info("pod %s: back-off %.0fs before it is scheduled again", key, delay)
 
-    def _explain_backoff(self, result: CycleResult, snapshot: Snapshot) -> None:
-        """A gang waiting on pods that back off after a failed bind says so (the core sees
-        those pods as gated, and would say the gang waits for gated pods)."""
-        now = time.monotonic()
-        for job in snapshot.jobs:
-            status = result.job_status.get(job.name)
-            waiting = [(p.name, self.backoff[k]) for p in job.pods
-                       if (k := f"{p.namespace}/{p.name}") in self.backoff
-                       and now < self.backoff[k][0]]
-            if status is None or not waiting:
-                continue
-            name, (_, count) = max(waiting, key=lambda w: w[1][0])
-            why = self._backoff_why.get(f"{job.namespace}/{name}", "its bind failed")
-            # no countdown in it: an unchanged message is not written again each cycle
-            result.job_status[job.name] = dataclasses.replace(
-                status, reason="BindBackOff",
-                message=f"{len(waiting)} pod(s) of this gang back off for "
-                        f"{backoff_seconds(count):.0f}s after a failed bind ({name}: {why})")
-
     def _report(self, problems: list[Any]) -> None:
         """Each problem as a Warning event on its object (the recorder writes an unchanged
         one once); logged when it is new. Queue problems are also the Queue's condition."""
@@ -305,40 +294,6 @@ class SchedulerLoop:
                              api_version=PROBLEM_KINDS.get(problem.kind, "v1"),
                              type_="Warning")
         self._problems = seen
-
-    # ------------------------------------------------------------------ RayJob suspension
-    def _suspend_instead(self, result: CycleResult, snapshot: Snapshot,
-                         podgroups: dict[str, Obj], pods: dict[str, Obj]) -> list[str]:
-        """Whole gangs of RayJobs that KubeRay can suspend are suspended, not evicted
-        (kai_ray.k8s.suspend). Returns the pod keys handled so."""
-        by_job: dict[str, list[Any]] = {}
-        for ev in result.evictions:
-            by_job.setdefault(ev.job, []).append(ev)
-        handled: list[str] = []
-        for job in snapshot.jobs:
-            evs = by_job.get(job.name)
-            pg = podgroups.get(job.name)
-            if not evs or pg is None or not wants_suspend(pg):
-                continue
-            active = {p.name for p in job.pods if p.status in ACTIVE_ALLOCATED}
-            if not active <= {ev.pod for ev in evs}:
-                continue  # only some of its pods (elastic workers) go: evict those
-            gang = [pods[k] for k in (f"{job.namespace}/{ev.pod}" for ev in evs) if k in pods]
-            if self.suspender.suspend(pg, gang, evs[0].message):
-                handled.extend(f"{job.namespace}/{ev.pod}" for ev in evs)
-        return handled
-
-    def _resume_suspended(self, result: CycleResult, podgroups: dict[str, Obj],
-                          pods: dict[str, Obj]) -> None:
-        """Binds of a suspended gang's stand-in pods mean it fits: resume its RayJob instead."""
-        stand_ins = [b for b in result.binds if f"{b.namespace}/{b.pod}" not in pods
-                     and DEMAND_ANNOTATION in ((podgroups.get(b.job) or {}).get("metadata")
-                                               or {}).get("annotations", {})]
-        if not stand_ins:
-            return
-        result.binds[:] = [b for b in result.binds if b not in stand_ins]
-        for job in {b.job for b in stand_ins}:
-            self.suspender.resume(podgroups[job])
 
     # ------------------------------------------------------------------ loop
     def _group_forever(self, is_leader: Any) -> None:
@@ -431,11 +386,6 @@ class SchedulerLoop:
         wake = getattr(self.cache, "pods_to_group", None)
         if wake is not None:
             wake.set()  # the grouper thread waits on it
-
-
-def backoff_seconds(give_ups: int) -> float:
-    """The back-off after a pod's `give_ups`-th given-up bind: doubling, capped."""
-    return float(min(BACKOFF_SECONDS[1], BACKOFF_SECONDS[0] * 2 ** max(0, give_ups - 1)))
 
 
 def convert_intent(pg: Obj) -> bool:

@@ -9,6 +9,7 @@ import time
 
 from kubernetes import client
 
+from kai_ray.controller.plan import BackOff, CyclePlan, plan_cycle
 from kai_ray.controller.scheduler_loop import LoopConfig, SchedulerLoop
 
 
@@ -113,7 +114,7 @@ def test_bound_pods_stay_assumed_after_a_long_bind_phase(monkeypatch) -> None:
     """A bind phase longer than the assume window must not leave its pods unassumed: the next
     cycle would decide them again."""
     from kai_ray.controller import scheduler_loop
-    from kai_ray.core.model import PodStatus, Snapshot
+    from kai_ray.core.model import PodStatus
     from kai_ray.core.result import Bind, CycleResult
 
     monkeypatch.setattr(scheduler_loop, "ASSUME_SECONDS", 0.3)
@@ -124,7 +125,7 @@ def test_bound_pods_stay_assumed_after_a_long_bind_phase(monkeypatch) -> None:
     loop.binder = _SlowBinder(0.5)  # type: ignore[assignment]
     loop.status = _NoStatus()  # type: ignore[assignment]
     result = CycleResult(binds=[Bind(job="j", namespace="ns", pod="p", node="n1")])
-    loop._carry_out(result, Snapshot(nodes=(), queues=(), jobs=()), {}, {}, [])
+    loop._carry_out(CyclePlan(result, (), (), frozenset()), {}, {}, [])
     assumed = loop.assumed["ns/p"]
     assert assumed.status == PodStatus.BOUND and assumed.until > time.monotonic()
 
@@ -142,17 +143,21 @@ def test_a_gang_backing_off_says_so_not_that_it_waits_for_gated_pods() -> None:
     loop._back_off({"ns/a": "binding to node n1 was refused 5 times, last: 422 no"})
     waiting = loop._apply_assumed(snapshot, {f"ns/{p.name}": {"spec": {}} for p in pods})
     assert [p.status for p in waiting.jobs[0].pods] == [PodStatus.GATED, PodStatus.PENDING]
-    result = CycleResult()
-    result.job_status["g"] = JobStatus("g", "ns", "NotReady", "... 1 are gated", ("b",))
-    loop._explain_backoff(result, waiting)
-    status = result.job_status["g"]
+    decided = CycleResult()
+    decided.job_status["g"] = JobStatus("g", "ns", "NotReady", "... 1 are gated", ("b",))
+
+    def planned() -> JobStatus:
+        plan = plan_cycle(decided, waiting, {}, {}, BackOff(loop.backoff, loop._backoff_why),
+                          time.monotonic())
+        return plan.result.job_status["g"]
+
+    status = planned()
     assert status.reason == "BindBackOff" and status.pending_pods == ("b",)
     assert "1 pod(s) of this gang back off for 10s" in status.message
     assert "a: binding to node n1 was refused 5 times" in status.message
+    assert decided.job_status["g"].reason == "NotReady"  # the core's result is left as it was
     loop._back_off({"ns/a": "again"})  # a second give-up doubles it
-    result.job_status["g"] = JobStatus("g", "ns", "NotReady", "", ("b",))
-    loop._explain_backoff(result, waiting)
-    assert "back off for 20s" in result.job_status["g"].message
+    assert "back off for 20s" in planned().message
 
 
 class _SlowGrouper(_Grouper):
