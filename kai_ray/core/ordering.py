@@ -75,8 +75,8 @@ def compare_queues(sess: Session, lq: QueueState, rq: QueueState,
                    lreq: tuple[float, float, float], rreq: tuple[float, float, float],
                    ltaken: tuple[float, float, float] = (0.0, 0.0, 0.0),
                    rtaken: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> int:
-    """Negative when `lq` goes first (KAI's queue_order.go). `*taken` are victims
-    already taken from the queue (victim order only): they lower its dominant share."""
+    """Negative when `lq` goes first (KAI's queue_order.go). `*taken` (victim order only)
+    lower the queue's dominant share: what KAI counts as the queue's victims so far."""
     l_over = _over(lq)
     r_over = _over(rq)
     if l_over != r_over:
@@ -125,7 +125,7 @@ class Entry(Protocol):
 
     def order_number(self, sess: Session) -> int: ...
 
-    def taken_amount(self) -> tuple[float, float, float]: ...
+    def victim_amount(self) -> tuple[float, float, float]: ...
 
 
 class JobQueue(Generic[E]):
@@ -140,9 +140,10 @@ class JobQueue(Generic[E]):
         self.sess = sess
         self.reverse = reverse
         self.simulation = simulation
-        self.taken: dict[str, tuple[float, float, float]] = {}
-        # popped victim items whose taken amount is not yet in `taken`: it only matters when
-        # two queues are compared, so a single-queue pop defers the accounting
+        # per leaf queue, the victim amounts of the items popped from it (victim order only)
+        self.popped: dict[str, tuple[float, float, float]] = {}
+        # popped victim items not yet in `popped`: it only matters when two queues are
+        # compared, so a single-queue pop defers the accounting
         self.untaken: list[E] = []
         self.reachable: dict[str, bool] = {}  # the queue tree is fixed within a session
         self.heaps: dict[str, list[tuple[int, int, E]]] = {} if heaps is None else heaps
@@ -164,7 +165,7 @@ class JobQueue(Generic[E]):
         other.heaps = {q: list(h) for q, h in self.heaps.items()}
         other.dead = set(self.dead)
         other.seq = self.seq
-        other.taken = dict(self.taken)
+        other.popped = dict(self.popped)
         other.untaken = list(self.untaken)
         other.reachable = self.reachable
         return other
@@ -234,10 +235,9 @@ class JobQueue(Generic[E]):
             if best is None or best_name is None:
                 best_name, best = name, cand
                 continue
-            zero = (0.0, 0.0, 0.0)
             cmp = compare_queues(self.sess, self.sess.queues[name], self.sess.queues[best_name],
                                  self._request(cand), self._request(best),
-                                 self.taken.get(name, zero), self.taken.get(best_name, zero))
+                                 self._victims(cand), self._victims(best))
             if (cmp > 0) if self.reverse else (cmp < 0):
                 best_name, best = name, cand
         return best
@@ -287,10 +287,23 @@ class JobQueue(Generic[E]):
             known = self.reachable[queue] = bool(path) and not path[-1].parent
         return known
 
+    def _victims(self, cand: E) -> tuple[float, float, float]:
+        """What a subtree's share is lowered by in the victim order, `cand` being the item it
+        would give next: KAI (job_order_by_queue.go, VictimQueue) subtracts the jobs already
+        popped from `cand`'s leaf queue and `cand` itself, at every level of the tree (a parent
+        queue only by its best leaf's), each by its whole `Allocated`, even where a pop took
+        only part of a job and what is left of it comes again."""
+        if not self.reverse:
+            return (0.0, 0.0, 0.0)
+        amount = cand.victim_amount()
+        popped = self.popped.get(cand.queue)
+        if popped is None:
+            return amount
+        return (popped[0] + amount[0], popped[1] + amount[1], popped[2] + amount[2])
+
     def _account_taken(self) -> None:
         for item in self.untaken:
-            amount = item.taken_amount()
-            for q in self.sess.queue_path(item.queue):
-                old = self.taken.get(q.name, (0.0, 0.0, 0.0))
-                self.taken[q.name] = (old[0] + amount[0], old[1] + amount[1], old[2] + amount[2])
+            amount = item.victim_amount()
+            old = self.popped.get(item.queue, (0.0, 0.0, 0.0))
+            self.popped[item.queue] = (old[0] + amount[0], old[1] + amount[1], old[2] + amount[2])
         self.untaken = []

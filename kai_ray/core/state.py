@@ -213,7 +213,7 @@ class JobState:
         """`order_key` as `Session.order_number` numbers it (not kept: the rank changes)."""
         return sess.order_number(self.order_key())
 
-    def taken_amount(self) -> tuple[float, float, float]:
+    def victim_amount(self) -> tuple[float, float, float]:
         return (0.0, 0.0, 0.0)
 
     def is_ready(self) -> bool:

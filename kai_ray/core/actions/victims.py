@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from kai_ray.core.model import PodStatus
+from kai_ray.core.model import QUEUE_ALLOCATED, PodStatus
 from kai_ray.core.state import JobState, Session, Task
 
 _VICTIM_STATES = (PodStatus.ALLOCATED, PodStatus.BINDING, PodStatus.BOUND, PodStatus.RUNNING)
@@ -14,7 +14,7 @@ _VICTIM_STATES = (PodStatus.ALLOCATED, PodStatus.BINDING, PodStatus.BOUND, PodSt
 class VictimUnit:
     """Part of a victim job still available to take (KAI clones the job with these tasks)."""
 
-    __slots__ = ("by_set", "job", "key", "number", "tasks")
+    __slots__ = ("amount", "by_set", "job", "key", "number", "tasks")
 
     def __init__(self, job: JobState, tasks: list[Task]) -> None:
         self.job = job
@@ -32,6 +32,9 @@ class VictimUnit:
         self.by_set = by_set
         self.key = (-job.priority, self._rank(), job.created, job.name)
         self.number = -1  # `order_number`, once asked (a unit never changes)
+        # `victim_amount`, once asked (its tasks' states are those of the job state it was made
+        # for: any change to the job makes new units)
+        self.amount: tuple[float, float, float] | None = None
 
     @property
     def queue(self) -> str:
@@ -52,14 +55,22 @@ class VictimUnit:
             self.number = sess.order_number(self.key)
         return self.number
 
-    def taken_amount(self) -> tuple[float, float, float]:
-        """What the queue loses when this unit is taken (its next tasks to evict)."""
-        taken, _ = self.take()
+    def victim_amount(self) -> tuple[float, float, float]:
+        """What the victim order counts as gone from the queue with this unit: all its tasks a
+        queue's allocation counts, not just those the next take evicts (KAI subtracts the
+        popped or peeked job clone's `Allocated`: a pipelined pod counts nothing)."""
+        if self.amount is not None:
+            return self.amount
+        cpu = mem = 0
         gpu = 0.0
-        for t in taken:  # in order: Python 3.12's float `sum` compensates, the Rust core does not
-            gpu += t.accepted_gpu
-        return (float(sum(t.req.cpu_m for t in taken)), float(sum(t.req.memory for t in taken)),
-                gpu)
+        # added one by one, as the Rust core does (Python 3.12's float `sum` compensates)
+        for t in self.tasks:
+            if t.status in QUEUE_ALLOCATED:
+                cpu += t.req.cpu_m
+                mem += t.req.memory
+                gpu += t.accepted_gpu
+        self.amount = (float(cpu), float(mem), gpu)
+        return self.amount
 
     def take_unrecorded(self, recorded: set[int]) -> tuple[list[Task], VictimUnit | None]:
         """`take` when the tasks whose ids are in `recorded` are already victims: if the next

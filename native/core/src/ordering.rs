@@ -67,8 +67,8 @@ fn zero_quota_wanted(q: &QueueState, with_request: &Amounts) -> bool {
         || (q.allocatable(2) == 0.0 && with_request[2] > 0.0)
 }
 
-/// Negative when `lq` goes first (KAI's queue_order.go). `*taken` are victims already
-/// taken from the queue (victim order only): they lower its dominant share.
+/// Negative when `lq` goes first (KAI's queue_order.go). `*taken` (victim order only) lower
+/// the queue's dominant share: what KAI counts as the queue's victims so far.
 pub fn compare_queues(
     sess: &Session,
     lq: &QueueState,
@@ -143,9 +143,9 @@ pub struct JobQueue {
     pub items: Items,
     pub reverse: bool,
     pub simulation: bool,
-    taken: FxHashMap<usize, Amounts>,
-    /// popped victim items whose taken amount is not yet in `taken` (only needed when two
-    /// queues are compared)
+    /// per leaf queue, the victim amounts of the items popped from it (victim order only)
+    popped: FxHashMap<usize, Amounts>,
+    /// popped victim items not yet in `popped` (only needed when two queues are compared)
     untaken: Vec<usize>,
     /// one heap per queue key, in the order the queues first got an item
     heaps: Vec<(usize, Heap)>,
@@ -166,7 +166,7 @@ impl JobQueue {
             items,
             reverse,
             simulation,
-            taken: FxHashMap::default(),
+            popped: FxHashMap::default(),
             untaken: Vec::new(),
             heaps: Vec::new(),
             dead: FxHashSet::default(),
@@ -194,7 +194,7 @@ impl JobQueue {
             items,
             reverse,
             simulation: false,
-            taken: FxHashMap::default(),
+            popped: FxHashMap::default(),
             untaken: Vec::new(),
             heaps: Vec::new(),
             dead: FxHashSet::default(),
@@ -353,8 +353,8 @@ impl JobQueue {
                 &sess.queues[best_name],
                 lreq,
                 rreq,
-                self.taken.get(&name).copied().unwrap_or(ZERO),
-                self.taken.get(&best_name).copied().unwrap_or(ZERO),
+                self.victims(sess, cand),
+                self.victims(sess, best_item),
             );
             if if self.reverse { cmp > 0 } else { cmp < 0 } {
                 best = Some((name, cand));
@@ -413,17 +413,36 @@ impl JobQueue {
         Some(item)
     }
 
+    fn victim_amount(&self, sess: &Session, item: usize) -> Amounts {
+        match self.items {
+            Items::Units => crate::actions::victims::victim_amount(sess, item),
+            Items::Jobs => ZERO,
+        }
+    }
+
+    /// What a subtree's share is lowered by in the victim order, `cand` being the item it
+    /// would give next: KAI (job_order_by_queue.go, VictimQueue) subtracts the jobs already
+    /// popped from `cand`'s leaf queue and `cand` itself, at every level of the tree (a parent
+    /// queue only by its best leaf's), each by its whole `Allocated`, even where a pop took
+    /// only part of a job and what is left of it comes again.
+    fn victims(&self, sess: &Session, cand: usize) -> Amounts {
+        if !self.reverse {
+            return ZERO;
+        }
+        let amount = self.victim_amount(sess, cand);
+        let leaf = self.queue_key(sess, cand);
+        match self.popped.get(&leaf) {
+            Some(p) => [p[0] + amount[0], p[1] + amount[1], p[2] + amount[2]],
+            None => amount,
+        }
+    }
+
     fn account_taken(&mut self, sess: &Session) {
         for item in std::mem::take(&mut self.untaken) {
-            let amount = match self.items {
-                Items::Units => crate::actions::victims::taken_amount(sess, item),
-                Items::Jobs => ZERO,
-            };
-            let job = self.job_of(sess, item);
-            for &q in sess.queue_path(sess.jobs[job].queue_id) {
-                let old = self.taken.get(&q).copied().unwrap_or(ZERO);
-                self.taken.insert(q, [old[0] + amount[0], old[1] + amount[1], old[2] + amount[2]]);
-            }
+            let amount = self.victim_amount(sess, item);
+            let leaf = self.queue_key(sess, item);
+            let old = self.popped.get(&leaf).copied().unwrap_or(ZERO);
+            self.popped.insert(leaf, [old[0] + amount[0], old[1] + amount[1], old[2] + amount[2]]);
         }
     }
 }

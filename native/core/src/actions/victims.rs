@@ -68,15 +68,19 @@ pub fn unit_order_number(sess: &mut Session, unit: usize) -> i64 {
     sess.units[unit].number
 }
 
-/// What the queue loses when this unit is taken (its next tasks to evict).
-pub fn taken_amount(sess: &Session, unit: usize) -> Amounts {
-    let (taken, _) = take(sess, unit);
+/// What the victim order counts as gone from the queue with this unit: all its tasks a
+/// queue's allocation counts, not just those the next take evicts (KAI subtracts the popped or
+/// peeked job clone's `Allocated`: a pipelined pod counts nothing).
+pub fn victim_amount(sess: &Session, unit: usize) -> Amounts {
     let (mut cpu, mut mem) = (0i64, 0i64);
     let mut gpu = 0.0;
-    for &t in &taken {
-        cpu += sess.tasks[t].req.cpu_m;
-        mem += sess.tasks[t].req.memory;
-        gpu += sess.tasks[t].accepted_gpu;
+    for &t in &sess.units[unit].tasks {
+        let task = &sess.tasks[t];
+        if task.status.queue_allocated() {
+            cpu += task.req.cpu_m;
+            mem += task.req.memory;
+            gpu += task.accepted_gpu;
+        }
     }
     [cpu as f64, mem as f64, gpu]
 }
