@@ -22,8 +22,12 @@ KAI's choices can differ between runs of one snapshot (Go map order), so KAI run
 (12 more where ours equals none of those) and ours must equal one of them. A round that matches
 is applied to make the next round's snapshot: bound pods run, evicted pods release (and are
 recreated pending a round later), pipelined pods stay pending, some jobs finish and new ones
-arrive. A seed stops at its first divergence, which is printed (with the snapshot's file when
-`--keep` is given); a seed on which KAI's code panics stops there and is counted apart.
+arrive. A round ours matches none of KAI's answers is run on KAI patched to decide as kai-ray
+does on one documented deviation (kai_ray.testing.kai_variants: each variant alone, then all
+together): if ours matches one, the round is attributed to that deviation and the seed goes on
+from kai-ray's decisions. Otherwise the seed stops at that divergence, which is printed (with the
+snapshot's file when `--keep` is given); a seed on which KAI's code panics stops there and is
+counted apart. The exit status is nonzero only for divergences no variant explains.
 
 What KAI's test utilities cannot express is not generated (kai_ray.testing.kai_harness says what):
 sub-groups, gpu-memory requests, CPU and memory quotas, placement constraints, stale gangs.
@@ -59,6 +63,7 @@ from kai_ray.core.model import (
 from kai_ray.core.result import CycleResult
 from kai_ray.sim.synthetic import OPEN  # unlimited, weight 1
 from kai_ray.testing.kai_harness import build_harness, harness_dir, kai_version, snapshot_json
+from kai_ray.testing.kai_variants import VARIANTS, build_variant
 
 GIB = 1 << 30
 
@@ -331,18 +336,72 @@ class Outcome:
     decided: int = 0  # binds + pipelined + evictions agreed on
     kai_panic: str | None = None  # KAI's own code crashed on the snapshot: the seed stops
     error: str | None = None
+    # rounds that equal only a KAI variant's answer (kai_variants): round, the variants' names
+    attributed: list[tuple[int, tuple[str, ...]]] = field(default_factory=list)
+
+
+class VariantBinaries:
+    """The harness built against each set of KAI variants, built the first time a round needs
+    it (a build of a new set takes minutes; most runs need none or one)."""
+
+    def __init__(self, built: dict[tuple[str, ...], pathlib.Path] | None = None) -> None:
+        self.built = dict(built or {})
+
+    def __call__(self, names: tuple[str, ...]) -> pathlib.Path:
+        if names not in self.built:
+            self.built[names] = build_variant(names)
+        return self.built[names]
+
+
+def variant_sets() -> list[tuple[str, ...]]:
+    """What attribution tries, in order: each variant alone, then all of them together (a
+    round may differ by two deviations at once)."""
+    sets: list[tuple[str, ...]] = [(name,) for name in VARIANTS]
+    return [*sets, tuple(VARIANTS)] if len(VARIANTS) > 1 else sets
+
+
+def _matching(binary: pathlib.Path, snaps: dict[int, Snapshot], ours: dict[int, Decisions],
+              runs: int, procs: int, workdir: pathlib.Path) -> set[int]:
+    """The seeds whose `ours` equals one of `runs` answers of the harness `binary`."""
+    answers = run_kai(binary, {str(s): snap for s, snap in snaps.items()}, runs, procs, workdir)
+    return {s for s, snap in snaps.items()
+            if ours[s] in [kai_decisions(snap, run) for run in answers[str(s)].get("runs") or ()]}
+
+
+def attribute(snaps: dict[int, Snapshot], ours: dict[int, Decisions], runs: int,
+              retry_runs: int, procs: int, workdir: pathlib.Path,
+              binaries: VariantBinaries) -> dict[int, tuple[str, ...]]:
+    """For snapshots where `ours` equals none of stock KAI's answers: the first variant set
+    (variant_sets) one of whose answers it equals, asked `runs` times and `retry_runs` more
+    where none matched, as stock KAI is. Sound because each variant is KAI's own code with
+    only its deviation's rule changed: kai-ray equal to that answer differs from KAI by that
+    rule and nothing else on this snapshot."""
+    left = dict(snaps)
+    found: dict[int, tuple[str, ...]] = {}
+    for names in variant_sets():
+        for n in (runs, retry_runs):
+            if not left:
+                return found
+            for seed in _matching(binaries(names), left, ours, n, procs, workdir):
+                found[seed] = names
+                del left[seed]
+    return found
 
 
 def fuzz(seeds: Sequence[int], rounds: int = 4, runs: int = 3, procs: int = 8,
          core: str = "auto", keep: pathlib.Path | None = None,
          binary: pathlib.Path | None = None, progress: bool = True,
-         retry_runs: int = 12) -> list[Outcome]:
+         retry_runs: int = 12, variants: VariantBinaries | None = None,
+         attributing: bool = True) -> list[Outcome]:
     """Each seed round by round (see the module doc). A round where kai_ray's decisions equal
     none of KAI's `runs` answers is asked of KAI `retry_runs` more times: KAI's answer depends
-    on Go's map order, and a miss must not be a draw of it."""
+    on Go's map order, and a miss must not be a draw of it. A round that still matches none is
+    run on KAI's variants (`attribute`; `attributing=False` skips that): one that matches is
+    attributed to its deviation and the seed goes on with kai-ray's decisions."""
     from kai_ray.core.schedule import schedule
 
     binary = binary or build_harness()
+    variants = variants if variants is not None else VariantBinaries()
     outcomes = {s: Outcome(s) for s in seeds}
     live = {s: random_snapshot(s) for s in seeds}
     config = SchedulerConfig()
@@ -377,14 +436,27 @@ def fuzz(seeds: Sequence[int], rounds: int = 4, runs: int = 3, procs: int = 8,
             if unmatched:  # KAI's answer may vary: ask it more times before calling it a miss
                 again = run_kai(binary, {f"{s}/{r}": live[s] for s in unmatched}, retry_runs,
                                 procs, pathlib.Path(tmp))
-                for seed, (ours, theirs) in unmatched.items():
+                for seed, (ours, _) in list(unmatched.items()):
                     out, snap = outcomes[seed], live[seed]
                     more = [kai_decisions(snap, run) for run in again[f"{seed}/{r}"].get("runs")
                             or ()]
                     if ours in more:
                         out.kai_varied += 1
                         _matched(out, snap, ours, following, r)
-                        continue
+                        del unmatched[seed]
+            if unmatched and attributing:
+                found = attribute({s: live[s] for s in unmatched},
+                                  {s: ours for s, (ours, _) in unmatched.items()}, runs,
+                                  retry_runs, procs, pathlib.Path(tmp), variants)
+                for seed, names in found.items():
+                    out = outcomes[seed]
+                    out.attributed.append((r, names))
+                    # kai-ray's decisions are the product: the seed goes on from them
+                    following[seed] = arrivals(next_snapshot(live[seed], unmatched.pop(seed)[0]),
+                                               seed, r)
+            if unmatched:
+                for seed, (ours, theirs) in unmatched.items():
+                    out, snap = outcomes[seed], live[seed]
                     out.diverged_round = r
                     out.divergence = theirs[0].diff(ours) + [
                         f"(KAI bound {p} and evicted it in the same cycle)"
@@ -392,9 +464,11 @@ def fuzz(seeds: Sequence[int], rounds: int = 4, runs: int = 3, procs: int = 8,
                     _keep(keep, seed, r, snap)
             live = following
             if progress:
+                attributed = sum(1 for o in outcomes.values() if o.attributed
+                                 and o.attributed[-1][0] == r)
                 print(f"round {r}: {len(answers)} snapshots in "
-                      f"{time.perf_counter() - start:.0f} s, {len(live)} seeds go on",
-                      file=sys.stderr)
+                      f"{time.perf_counter() - start:.0f} s, {attributed} attributed to a "
+                      f"deviation, {len(live)} seeds go on", file=sys.stderr)
     return [outcomes[s] for s in seeds]
 
 
@@ -423,6 +497,7 @@ def show(seed: int, rounds: int, core: str, kai_log: int | None = None) -> None:
     from kai_ray.core.schedule import schedule
 
     binary = build_harness()
+    variants = VariantBinaries()
     snap = random_snapshot(seed)
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(rounds):
@@ -445,8 +520,21 @@ def show(seed: int, rounds: int, core: str, kai_log: int | None = None) -> None:
             ours = our_decisions(snap, schedule(snap, SchedulerConfig(), now=0.0, core=core))
             print(f"  KAI: {theirs[0]}\n  kai-ray: {ours}")
             if ours not in theirs:
-                print("  DIVERGED:\n    " + "\n    ".join(theirs[0].diff(ours)))
-                return
+                more = run_kai(binary, {"x": snap}, 12, 1, pathlib.Path(tmp))["x"].get("runs")
+                if ours in [kai_decisions(snap, run) for run in more or ()]:
+                    print("  (equals one of 12 more KAI runs: KAI's answer varies)")
+                else:
+                    found = attribute({0: snap}, {0: ours}, 3, 12, 1, pathlib.Path(tmp),
+                                      variants).get(0)
+                    if found is None:
+                        print("  DIVERGED (and no KAI variant decides as kai-ray does):\n    "
+                              + "\n    ".join(theirs[0].diff(ours)))
+                        return
+                    print("  differs from KAI:\n    " + "\n    ".join(theirs[0].diff(ours)))
+                    for name in found:
+                        v = VARIANTS[name]
+                        print(f"  ATTRIBUTED: KAI with variant {name} ({v.deviation}: {v.why}) "
+                              "decides as kai-ray does; going on with kai-ray's decisions")
             snap = arrivals(next_snapshot(snap, ours), seed, r)
 
 
@@ -492,7 +580,7 @@ def update_known(path: pathlib.Path, outcomes: list[Outcome]) -> None:
         head = "".join(line + "\n" for line in text.splitlines() if line.startswith("#"))
         old = {int(k): v for k, v in (yaml.safe_load(text).get("seeds") or {}).items()}
     seeds = {}
-    for o in outcomes:
+    for o in outcomes:  # attributed rounds are proven deviations: only what is left is listed
         if o.divergence:
             seeds[o.seed] = old.get(o.seed) or (f"not yet attributed (round {o.diverged_round}: "
                                                 f"{o.divergence[0]})")
@@ -502,7 +590,26 @@ def update_known(path: pathlib.Path, outcomes: list[Outcome]) -> None:
           f"{len(set(old) - set(seeds))} gone)", file=sys.stderr)
 
 
+def deviations(names: Sequence[str]) -> str:
+    """The documented deviations a variant set stands for, e.g. "DEV-02+DEV-03"."""
+    return "+".join(VARIANTS[n].deviation for n in names)
+
+
+def attribution_counts(outcomes: Iterable[Outcome]) -> dict[str, tuple[int, int]]:
+    """Per deviation (or set of them): the seeds and the rounds attributed to it."""
+    seeds: dict[str, set[int]] = {}
+    rounds: dict[str, int] = {}
+    for o in outcomes:
+        for _, names in o.attributed:
+            key = deviations(names)
+            seeds.setdefault(key, set()).add(o.seed)
+            rounds[key] = rounds.get(key, 0) + 1
+    return {k: (len(seeds[k]), rounds[k]) for k in sorted(seeds)}
+
+
 def report(outcomes: list[Outcome]) -> int:
+    """Prints the run's differences and sums; nonzero when a round differs from KAI by more
+    than a documented deviation, or the harness refused a snapshot."""
     diverged = [o for o in outcomes if o.divergence]
     errors = [o for o in outcomes if o.error]
     for o in diverged:
@@ -514,11 +621,18 @@ def report(outcomes: list[Outcome]) -> int:
         print(f"seed {o.seed}: {o.kai_panic.splitlines()[0]}")
     rounds = sum(o.rounds for o in outcomes)
     print(f"{len(outcomes)} seeds, {rounds} rounds identical ({sum(o.decided for o in outcomes)}"
-          f" decisions), {len(diverged)} seeds diverged, {len(errors)} errors, KAI's code "
-          f"panicked on {len(panics)}; KAI's own runs "
+          f" decisions), {len(diverged)} seeds diverged (not attributed), {len(errors)} errors, "
+          f"KAI's code panicked on {len(panics)}; KAI's own runs "
           f"differed in {sum(o.kai_varied for o in outcomes)} rounds; KAI took back "
           f"{sum(o.taken_back for o in outcomes)} pods it pipelined in the same cycle and "
           f"{sum(o.bound_taken_back for o in outcomes)} it bound")
+    counts = attribution_counts(outcomes)
+    for key in counts:  # which rounds, as seed/round: `--show SEED` replays one
+        print(f"{key}: " + ", ".join(f"{o.seed}/{r}" for o in outcomes
+                                     for r, names in o.attributed if deviations(names) == key))
+    print("rounds that differ only by a documented deviation (docs/kai-deviations.md): "
+          + (", ".join(f"{k} {n} seeds/{r} rounds" for k, (n, r) in counts.items())
+             or "none"))
     return 1 if diverged or errors else 0
 
 

@@ -89,6 +89,11 @@ def job_json(job: Job) -> dict[str, Any]:
             "pods": pods}
 
 
+def cache_dir() -> pathlib.Path:
+    home = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache"))
+    return home / "kai-ray"
+
+
 def build_harness(kai_source: pathlib.Path | None = None) -> pathlib.Path:
     """`go test -c` of the harness into the user cache; `kai_source` builds it against a
     KAI-scheduler source tree (a `replace` directive in a copy of the harness)."""
@@ -97,20 +102,24 @@ def build_harness(kai_source: pathlib.Path | None = None) -> pathlib.Path:
         raise HarnessMissing("`go` is not on PATH; the KAI harness needs Go >= 1.24 "
                              "(https://go.dev/dl) and the Go module proxy")
     source = harness_dir()
-    cache = pathlib.Path(os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache"))
     # one binary per checkout: two worktrees building at once must not overwrite each other's
     tag = hashlib.sha1(str(source).encode()).hexdigest()[:8]
-    binary = cache / "kai-ray" / f"kai_cycle-{tag}.test"
+    if kai_source is not None:
+        # and one per KAI tree: the fuzzer builds several patched KAIs (kai_variants), each
+        # in its own copy of the harness, kept so that Go's build cache serves a rebuild
+        tag += "-" + hashlib.sha1(str(kai_source.resolve()).encode()).hexdigest()[:8]
+    binary = cache_dir() / f"kai_cycle-{tag}.test"
     binary.parent.mkdir(parents=True, exist_ok=True)
     if kai_source is not None:
-        replaced = binary.parent / "kai_go_replaced"
+        replaced = binary.parent / f"kai_go_replaced-{tag}"
         shutil.rmtree(replaced, ignore_errors=True)
         shutil.copytree(source, replaced)
         with open(replaced / "go.mod", "a") as mod:
             mod.write(f"\nreplace github.com/NVIDIA/KAI-scheduler => {kai_source.resolve()}\n")
-        source, binary = replaced, binary.with_name("kai_cycle_replaced.test")
-    print("building the KAI harness (go test -c; the first build downloads and compiles "
-          "KAI-scheduler and Kubernetes: several minutes)...", file=sys.stderr)
+        source = replaced
+    print(f"building the KAI harness{f' against {kai_source}' if kai_source else ''} (go test "
+          "-c; the first build downloads and compiles KAI-scheduler and Kubernetes: several "
+          "minutes)...", file=sys.stderr)
     start = time.perf_counter()
     done = subprocess.run(["nice", "-n", "10", go, "test", "-c", "-o", str(binary), "."],
                           cwd=source, stderr=subprocess.PIPE, text=True, check=False)

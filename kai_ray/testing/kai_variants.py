@@ -1,0 +1,251 @@
+"""KAI v0.12.0 patched to decide as kai-ray does on one documented point (docs/kai-deviations.md).
+
+The KAI fuzzer (kai_ray.testing.kai_fuzz) uses these to attribute a difference: where kai-ray's
+decisions equal none of stock KAI's answers but equal one of a variant's, the round differs only
+by that variant's deviation. Each variant is a few literal replacements in KAI's own source, so
+what it changes is plain to read here; everything else is KAI's code as released.
+
+A new variant is one more `VARIANTS` entry. `old` anchors are short (a line or an expression) and
+must occur exactly once in their file: a KAI version that moves them fails loudly, not silently.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import pathlib
+import shutil
+import stat
+import subprocess
+import tempfile
+import textwrap
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from kai_ray.testing.kai_harness import HarnessMissing, build_harness, cache_dir, harness_dir
+
+KAI_MODULE = "github.com/NVIDIA/KAI-scheduler"
+
+
+@dataclass(frozen=True)
+class Edit:
+    """A literal replacement in one KAI source file; `old` must occur exactly once."""
+
+    path: str  # relative to the KAI module root
+    old: str
+    new: str
+
+
+@dataclass(frozen=True)
+class Variant:
+    name: str  # e.g. "dev02-no-bound-victims"
+    deviation: str  # "DEV-02"
+    why: str  # one line
+    edits: tuple[Edit, ...]
+
+
+class VariantError(RuntimeError):
+    """A variant's edit does not apply to this KAI source (anchor missing or not unique)."""
+
+
+def _go(text: str, depth: int = 1) -> str:
+    """Go source written here with four spaces a level, as KAI's files are indented: by tabs,
+    `depth` of them before the text's own levels."""
+    lines = textwrap.dedent(text).strip("\n").splitlines()
+    return "".join(("\t" * (depth + (len(line) - len(line.lstrip(" "))) // 4)
+                    + line.lstrip(" ") if line.strip() else "") + "\n" for line in lines)
+
+
+_SESSION = "pkg/scheduler/framework/session.go"
+_INPUT_JOBS = "pkg/scheduler/actions/utils/input_jobs.go"
+_BINDING = _go("""
+    if err := ssn.updatePodOnSession(pod, pod_status.Binding); err != nil {
+""")
+_POD_STATUS = _go("""
+    "github.com/NVIDIA/KAI-scheduler/pkg/scheduler/api/pod_status"
+""")
+_INITIALIZE = "func (jobsOrder *JobsOrderByQueues) InitializeWithJobs("
+_INIT_QUOTA = _go("""
+    quota.GPU = ni.getGpuMemoryFractionalOnNode(ni.GetResourceGpuMemory(pi.ResReq))
+""", depth=2)
+_ROUNDED = _go("""
+    portionAsDecimals := int64(math.Round(portion * gpuPortionsAsDecimalsRoundingFactor))
+    return float64(portionAsDecimals*count) / gpuPortionsAsDecimalsRoundingFactor
+""")
+
+_UNPIPELINE = ("\t\t\treturn s.unpipeline(task, previousNode, previousStatus, previousGpuGroup, "
+               "previousIsVirtualStatus)\n")
+
+VARIANTS: dict[str, Variant] = {v.name: v for v in (
+    Variant(
+        name="dev02-no-bound-victims",
+        deviation="DEV-02",
+        why="a pod bound earlier in the same cycle is no victim (pipelined and running pods are)",
+        edits=(
+            # the session remembers the pods it binds (allocate's statements, a reclaim or a
+            # preempt that needed no eviction): a status cannot tell them from pods that were
+            # Binding when the cycle began, which stay victims
+            Edit(_SESSION, "\tk8sResourceStateCache sync.Map\n", _go("""
+                    k8sResourceStateCache sync.Map
+
+                    // kai-ray variant DEV-02: the pods this session bound
+                    KaiRayBoundInSession map[common_info.PodID]bool
+                """)),
+            Edit(_SESSION, _BINDING, _go("""
+                    if ssn.KaiRayBoundInSession == nil {
+                        ssn.KaiRayBoundInSession = map[common_info.PodID]bool{}
+                    }
+                    ssn.KaiRayBoundInSession[pod.UID] = true
+                """) + _BINDING),
+            # every victim queue (reclaim's, and utils.GetVictimsQueue's for preempt and
+            # consolidation) is filled here: a victim job is seen without those pods, so its
+            # order, the pods GetTasksToEvict offers and its count against its minimum are
+            # those of the pods it had before the cycle and the pipelined ones, as in kai-ray
+            Edit(_INPUT_JOBS, _POD_STATUS, _go("""
+                    "github.com/NVIDIA/KAI-scheduler/pkg/scheduler/api/pod_info"
+                """) + _POD_STATUS),
+            Edit(_INPUT_JOBS, "\tfor _, job := range jobsToOrder {\n", _go("""
+                    for _, job := range jobsToOrder {
+                        if jobsOrder.jobsOrderInitOptions.VictimQueue {
+                            job = kaiRayVictimView(jobsOrder.ssn.KaiRayBoundInSession, job)
+                            if job == nil {
+                                continue
+                            }
+                        }
+                """)),
+            Edit(_INPUT_JOBS, _INITIALIZE, _go("""
+                // kaiRayVictimView is the job as a victim: without the pods bound in this
+                // session (a clone, as KAI's solvers make of a job's remaining pods); the job
+                // itself when it has none of them, nil when they were all it had allocated.
+                func kaiRayVictimView(bound map[common_info.PodID]bool,
+                    job *podgroup_info.PodGroupInfo) *podgroup_info.PodGroupInfo {
+                    var kept []*pod_info.PodInfo
+                    dropped, active := false, false
+                    for uid, pod := range job.GetAllPodsMap() {
+                        if bound[uid] {
+                            dropped = true
+                            continue
+                        }
+                        kept = append(kept, pod)
+                        active = active || pod_status.IsActiveAllocatedStatus(pod.Status)
+                    }
+                    if !dropped {
+                        return job
+                    }
+                    if !active {
+                        return nil
+                    }
+                    return job.CloneWithTasks(kept)
+                }
+
+            """, depth=0) + "\n" + _INITIALIZE),
+        ),
+    ),
+    Variant(
+        name="dev03-exact-fractions",
+        deviation="DEV-03",
+        why="a GPU fraction counts as asked in queue checks, not rounded to 1/100 (0.125 is "
+            "not 0.13)",
+        edits=(
+            # the amount queues are charged and jobs checked with
+            Edit("pkg/scheduler/api/resource_info/gpu_resource_requirment.go", _ROUNDED, _go("""
+                    return portion * float64(count) // kai-ray variant DEV-03: not rounded
+                """)),
+            # the per-node check of a task against its queue's limit and non-preemptible quota
+            # (proportion's IsTaskAllocationOnNodeOverCapacity) turns the fraction into GPU
+            # memory (whole MiB) and back, rounded up to 1/100
+            Edit("pkg/scheduler/api/node_info/node_info.go", _INIT_QUOTA, _go("""
+                    if pi.ResReq.IsFractionalRequest() && pi.ResReq.GpuMemory() == 0 {
+                        quota.GPU = pi.ResReq.GpuFractionalPortion() // kai-ray variant DEV-03
+                    } else {
+                """, depth=2) + "\t" + _INIT_QUOTA + _go("}", depth=2)),
+        ),
+    ),
+    Variant(
+        name="kai-bug-discarded-move",
+        deviation="DEV-04",
+        why="undoing a scenario that moved a shared-GPU victim to another device of its own "
+            "node leaves nothing behind (KAI v0.12.0 counts the victim twice on the node)",
+        edits=(
+            # the move (ConsolidateSharedPodInfoToDifferentGPU) dropped the node's record of
+            # the pod but left what it counted on the old device; its undo now puts the record
+            # back, so undoing the eviction replaces it instead of adding the pod a second time
+            Edit("pkg/scheduler/framework/statement.go", _UNPIPELINE, _go("""
+                    err := s.unpipeline(task, previousNode, previousStatus, previousGpuGroup,
+                        previousIsVirtualStatus)
+                    if isSharedAndMoveToDifferentGPU {
+                        node.PodInfos[taskKey] = taskOnNode // kai-ray variant DEV-04
+                    }
+                    return err
+                """, depth=3)),
+        ),
+    ),
+)}
+
+
+def kai_module_dir() -> pathlib.Path:
+    """KAI's source as the harness builds it (the Go module cache's copy, read-only)."""
+    done = subprocess.run(["go", "list", "-m", "-f", "{{.Dir}}", KAI_MODULE], cwd=harness_dir(),
+                          capture_output=True, text=True, check=False)
+    if done.returncode != 0 or not done.stdout.strip():
+        raise HarnessMissing(f"`go list -m {KAI_MODULE}` in benchmarks/kai_go failed (run the "
+                             f"harness build once to download it):\n{done.stderr}")
+    return pathlib.Path(done.stdout.strip())
+
+
+def apply_edits(root: pathlib.Path, variants: Iterable[Variant]) -> None:
+    """Apply each variant's edits to the KAI tree at `root` (written in place); raises
+    VariantError naming the variant, file and anchor when an anchor is not there exactly once."""
+    for variant in variants:
+        for edit in variant.edits:
+            path = root / edit.path
+            if not path.is_file():
+                raise VariantError(f"variant {variant.name}: {edit.path} is not in {root}")
+            text = path.read_text()
+            count = text.count(edit.old)
+            if count != 1:
+                raise VariantError(f"variant {variant.name}: {edit.path}: the anchor "
+                                   f"{edit.old.strip()!r} occurs {count} times (must be once)")
+            path.write_text(text.replace(edit.old, edit.new))
+
+
+def variant_set(names: Iterable[str]) -> tuple[Variant, ...]:
+    """The variants named, in VARIANTS' order (one set, one build, whatever the order given)."""
+    wanted = set(names)
+    unknown = wanted - set(VARIANTS)
+    if unknown:
+        raise KeyError(f"unknown KAI variants {sorted(unknown)}; known: {sorted(VARIANTS)}")
+    return tuple(v for name, v in VARIANTS.items() if name in wanted)
+
+
+def patched_kai(names: Iterable[str], module: pathlib.Path | None = None) -> pathlib.Path:
+    """A copy of KAI's module with the named variants' edits, in the user cache, keyed by the
+    module's path (its version) and the edits: made once, reused after."""
+    variants = variant_set(names)
+    module = module or kai_module_dir()
+    key = hashlib.sha1(json.dumps([str(module)] + [[e.path, e.old, e.new] for v in variants
+                                                    for e in v.edits]).encode()).hexdigest()[:12]
+    dest = cache_dir() / "kai-variants" / f"{'+'.join(v.deviation for v in variants)}-{key}"
+    if (dest / "go.mod").is_file():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    # made aside and renamed: a second process building the same set sees a whole tree or none
+    tmp = pathlib.Path(tempfile.mkdtemp(prefix=dest.name + ".", dir=dest.parent)) / "kai"
+    shutil.copytree(module, tmp)
+    for path in [tmp, *tmp.rglob("*")]:  # the module cache's files are read-only
+        path.chmod(path.stat().st_mode | stat.S_IWUSR)
+    try:
+        apply_edits(tmp, variants)
+        os.rename(tmp, dest)
+    except OSError:
+        if not (dest / "go.mod").is_file():
+            raise
+    finally:
+        shutil.rmtree(tmp.parent, ignore_errors=True)
+    return dest
+
+
+def build_variant(names: Iterable[str]) -> pathlib.Path:
+    """The harness binary built against KAI with the named variants applied."""
+    return build_harness(patched_kai(names))
