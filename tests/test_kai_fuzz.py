@@ -208,6 +208,21 @@ def test_dev02_case_is_proven_by_its_variant(harness: pathlib.Path,
     assert found == {0: ("dev02-no-bound-victims",)}
 
 
+def test_dev04_case_is_proven_by_its_variant(harness: pathlib.Path,
+                                             variants: kai_fuzz.VariantBinaries,
+                                             tmp_path: pathlib.Path) -> None:
+    """DEV-04's case: a reclaim step that moved frac-0 within node1 is undone; stock KAI then
+    counts it twice on node1 and pipelines it on node0; kai-ray puts it on node1 again, and so
+    does KAI whose undo of the move leaves nothing behind."""
+    snap = _case("DEV-04")
+    ours = _ours(snap)
+    assert ours.pipelined.get("frac-0") == "node1"
+    assert all(d.pipelined.get("frac-0") == "node0" for d in _answers(harness, snap, tmp_path))
+    assert ours in _answers(variants(("kai-bug-discarded-move",)), snap, tmp_path)
+    found = kai_fuzz.attribute({0: snap}, {0: ours}, 3, 12, 1, tmp_path, variants)
+    assert found == {0: ("kai-bug-discarded-move",)}
+
+
 def test_dev02_variant_keeps_running_and_pipelined_pods_victims(
         harness: pathlib.Path, variants: kai_fuzz.VariantBinaries,
         tmp_path: pathlib.Path) -> None:

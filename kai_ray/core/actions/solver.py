@@ -4,9 +4,10 @@ For a pending job it grows prefixes of its tasks-to-allocate. Each prefix starts
 recorded for the previous one and adds potential victims in victim order, one job (or one extra
 task of an elastic job) at a time; every scenario evicts the recorded victims plus the potential
 victims of the jobs with one on a node of the latest one (all of them, wherever they sit), then
-places the preemptor and the victims again (pipeline only): a victim that fits back where it was
-is left alone, one placed elsewhere is moved, one not placed stays evicted. An action-specific
-validator accepts or rejects the scenario.
+places the preemptor and the victims again (pipeline only), in the order KAI pops them from
+among every job with a pending task (ordering.scenario_queue): a victim that fits back where it
+was is left alone, one placed elsewhere is moved, one not placed stays evicted. An
+action-specific validator accepts or rejects the scenario.
 
 The same decisions, faster: the victim order is popped once per session state and shared by
 every prefix (victim_stream.py), a prefix skips the victims that cannot yet make room for it
@@ -25,7 +26,7 @@ from kai_ray.core.actions.gpu_room import AllFreed, Freed, FreeGpus, GpuRoom
 from kai_ray.core.actions.victim_stream import VictimStream
 from kai_ray.core.actions.victims import VictimUnit, unit_of, victim_units
 from kai_ray.core.model import PodStatus
-from kai_ray.core.ordering import JobQueue
+from kai_ray.core.ordering import JobQueue, PendingOrder, scenario_queue
 from kai_ray.core.state import EvictInfo, JobState, Session, Task
 
 # (evicted, moved) -> None when the scenario is accepted, else the name of a queue that can give
@@ -394,13 +395,24 @@ class Solver:
         matter (evicted or moved) are returned."""
         sess = self.sess
         checkpoint = sess.checkpoint()
+        victim_jobs = list({id(t.job): t.job for t in victims if t.job is not job}.values())
+        # the other pending jobs matter only where the wanted ones are in more than one queue;
+        # they are taken as they are now, before the scenario changes the wanted ones
+        others = (PendingOrder.of(sess) if any(j.queue != job.queue for j in victim_jobs)
+                  else None)
         for task in victims:
             sess.evict(task)
             sess.evict_info[task.idx] = EvictInfo(self.action, job.name,
                                                   partial(self.message, task, job))
-        victim_jobs = list({id(t.job): t.job for t in victims}.values())
-        order: JobQueue[JobState] = JobQueue(sess, [job, *victim_jobs], simulation=True)
-        while (next_job := order.pop()) is not None:
+        wanted = {id(j) for j in victim_jobs}
+        wanted.add(id(job))
+        order = scenario_queue(sess, [job, *victim_jobs], others)
+        # the other jobs with a pending task are skipped (they only shape the order); once
+        # every wanted job is placed again nothing else can change
+        while wanted and (next_job := order.pop()) is not None:
+            if id(next_job) not in wanted:
+                continue
+            wanted.discard(id(next_job))
             if next_job is job:
                 pending = [t for t in prefix if t.status == PodStatus.PENDING]
                 if not place_tasks(sess, job, pending, pipeline_only=True, record=False):

@@ -446,3 +446,161 @@ impl JobQueue {
         }
     }
 }
+
+/// The jobs with a pending task, per leaf queue in job order, kept in step with the session
+/// through its undo log: only the jobs of the entries since the last `sync` are looked at
+/// again (a job's order and pending state change only with its tasks).
+#[derive(Clone, Default)]
+pub struct PendingOrder {
+    version: usize,
+    /// per leaf queue: (order number, job), ascending
+    by_queue: FxHashMap<usize, Vec<(i64, usize)>>,
+    /// job -> (queue, order number)
+    entry: FxHashMap<usize, (usize, i64)>,
+}
+
+impl PendingOrder {
+    /// Bring the session's up to date with its current state (made on first use).
+    pub fn sync(sess: &mut Session) {
+        let now = sess.undo.len();
+        let mut known = match sess.pending_order.take() {
+            Some(known) if known.version <= now => known,
+            _ => {
+                let mut fresh = PendingOrder { version: now, ..PendingOrder::default() };
+                for job in sess.pending_jobs.clone() {
+                    let Some(queue) = fresh.queue_of(sess, job) else { continue };
+                    let number = sess.job_order_number(job);
+                    fresh.by_queue.entry(queue).or_default().push((number, job));
+                    fresh.entry.insert(job, (queue, number));
+                }
+                for list in fresh.by_queue.values_mut() {
+                    list.sort_unstable();
+                }
+                fresh
+            }
+        };
+        if known.version < now {
+            let mut touched: Vec<usize> = Vec::new();
+            let mut seen: FxHashSet<usize> = FxHashSet::default();
+            for entry in &sess.undo[known.version..] {
+                let job = sess.tasks[entry.task()].job;
+                if seen.insert(job) {
+                    touched.push(job);
+                }
+            }
+            for job in touched {
+                known.remove(job);
+                known.add(sess, job);
+            }
+            known.version = now;
+        }
+        sess.pending_order = Some(known);
+    }
+
+    /// The job's leaf queue when it has a pending task (a job in a parent queue or one missing
+    /// from the tree is never popped).
+    fn queue_of(&self, sess: &Session, job: usize) -> Option<usize> {
+        let queue = sess.jobs[job].queue_id;
+        queue.filter(|_| sess.has_pending(job) && sess.is_leaf(queue))
+    }
+
+    fn add(&mut self, sess: &mut Session, job: usize) {
+        let Some(queue) = self.queue_of(sess, job) else { return };
+        let number = sess.job_order_number(job);
+        let list = self.by_queue.entry(queue).or_default();
+        let at = list.partition_point(|&e| e < (number, job));
+        list.insert(at, (number, job));
+        self.entry.insert(job, (queue, number));
+    }
+
+    fn remove(&mut self, job: usize) {
+        if let Some((queue, number)) = self.entry.remove(&job) {
+            let list = self.by_queue.get_mut(&queue).expect("queue");
+            if let Ok(at) = list.binary_search(&(number, job)) {
+                list.remove(at);
+            }
+        }
+    }
+}
+
+/// The order in which a victim scenario places its preemptor and victims again (`wanted`,
+/// distinct, as they are once the victims are evicted): ordering.py `scenario_queue`. KAI pops
+/// them from a queue over every job with a pending task (GetJobsToAllocate) and skips the
+/// others, but while one of them is the first of its queue it is what that queue is compared
+/// by. `sess.pending_order` holds those others as they were before the scenario (synced by the
+/// caller when the wanted jobs are in more than one queue, the only case that reads it).
+pub fn scenario_queue(sess: &mut Session, wanted: &[usize]) -> JobQueue {
+    let mut entries: Vec<(usize, (i64, u64, usize))> = Vec::with_capacity(wanted.len());
+    // per queue key: its last wanted job's number, in the order first seen
+    let mut last: Vec<(usize, i64)> = Vec::new();
+    for &job in wanted {
+        let number = sess.job_order_number(job);
+        let key = sess.jobs[job].queue_key;
+        entries.push((key, (number, 0, job)));
+        match last.iter_mut().find(|(k, _)| *k == key) {
+            Some(known) => known.1 = known.1.max(number),
+            None => last.push((key, number)),
+        }
+    }
+    if last.len() > 1 {
+        if let Some(pending) = sess.pending_order.as_ref() {
+            let wanted: FxHashSet<usize> = wanted.iter().copied().collect();
+            let reachable = |key: usize| {
+                key < sess.queues.len() && {
+                    let path = &sess.paths[key];
+                    !path.is_empty() && sess.queues[path[path.len() - 1]].parent_id.is_none()
+                }
+            };
+            // a subtree without a wanted job matters only through its parent's best job, and
+            // that only where the parent competes with a sibling that has one ("contested")
+            const ROOTS: usize = usize::MAX;
+            let mut relevant: FxHashSet<usize> = FxHashSet::default();
+            let mut relevant_children: FxHashMap<usize, usize> = FxHashMap::default();
+            for &(key, _) in &last {
+                if !reachable(key) {
+                    continue;
+                }
+                for &q in &sess.paths[key] {
+                    if !relevant.insert(q) {
+                        break;
+                    }
+                    *relevant_children
+                        .entry(sess.queues[q].parent_id.unwrap_or(ROOTS))
+                        .or_default() += 1;
+                }
+            }
+            for (&queue, jobs) in &pending.by_queue {
+                if !reachable(queue) {
+                    continue;
+                }
+                // contested: the leaf's subtree, and its parent's (`above`) by the end of the walk
+                let (mut contested, mut above) = (false, false);
+                for &q in sess.paths[queue].iter().rev() {
+                    above = contested;
+                    contested = contested
+                        || (relevant.contains(&q)
+                            && relevant_children[&sess.queues[q].parent_id.unwrap_or(ROOTS)] >= 2);
+                }
+                let count = if above {
+                    jobs.len()
+                } else if contested {
+                    let end = last.iter().find(|(k, _)| *k == queue).map_or(i64::MIN, |l| l.1);
+                    jobs.partition_point(|&(number, _)| number < end)
+                } else {
+                    continue;
+                };
+                for &(number, job) in &jobs[..count] {
+                    if !wanted.contains(&job) {
+                        entries.push((queue, (number, 0, job)));
+                    }
+                }
+            }
+        }
+    }
+    for (seq, entry) in entries.iter_mut().enumerate() {
+        entry.1 .1 = seq as u64 + 1;
+    }
+    let mut queue = JobQueue::prebuilt(Items::Jobs, false, entries);
+    queue.simulation = true;
+    queue
+}

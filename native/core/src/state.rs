@@ -312,6 +312,8 @@ pub struct Session {
     order_ranks: Option<OrderRanks>,
     /// each job's victim unit as of its last change (actions/victims.rs), kept for the session
     pub victim_units: FxHashMap<usize, (u64, Option<usize>)>,
+    /// the jobs with a pending task per leaf queue in job order (ordering.rs), made on first use
+    pub pending_order: Option<crate::ordering::PendingOrder>,
     pub units: Vec<crate::actions::victims::VictimUnit>,
     /// bumped on every change to a node's usage (and its undo): the packing policies keep a
     /// node's score until it changes
@@ -457,6 +459,7 @@ impl Session {
             name_rank: None,
             order_ranks: None,
             victim_units: FxHashMap::default(),
+            pending_order: None,
             units: Vec::new(),
             node_ver: vec![0; count],
             dev_width: 1,

@@ -3,7 +3,8 @@
 //! tasks-to-allocate; each prefix starts from the victims recorded for the previous one and adds
 //! potential victims in victim order; every scenario evicts the recorded victims plus the
 //! potential victims of the jobs with one on a node of the latest one (all of them, wherever
-//! they sit), then places the preemptor and the victims again (pipeline only). An action's
+//! they sit), then places the preemptor and the victims again (pipeline only), in the order KAI
+//! pops them from among every job with a pending task (`ordering::scenario_queue`). An action's
 //! rules accept or reject the scenario.
 
 use std::cmp::Ordering;
@@ -17,7 +18,7 @@ use crate::actions::victims::{
     new_unit, take_unrecorded, unit_of, unit_order_number, victim_units,
 };
 use crate::model::PodStatus;
-use crate::ordering::{Items, JobQueue};
+use crate::ordering::{scenario_queue, Items, JobQueue, PendingOrder};
 use crate::state::{EvictInfo, EvictMessage, Session, Undo};
 
 /// Which victims a job may take: preempt (queue, priority), reclaim (queue, i64::MIN); None
@@ -565,6 +566,19 @@ impl<'a> Solver<'a> {
         victims: &[usize],
     ) -> Option<Vec<usize>> {
         let checkpoint = sess.checkpoint();
+        let mut order_jobs = vec![job];
+        for &t in victims {
+            let j = sess.tasks[t].job;
+            if !order_jobs.contains(&j) {
+                order_jobs.push(j);
+            }
+        }
+        // the other pending jobs matter only where the wanted ones are in more than one queue;
+        // they are taken as they are now, before the scenario changes the wanted ones
+        let key = sess.jobs[job].queue_key;
+        if order_jobs.iter().any(|&j| sess.jobs[j].queue_key != key) {
+            PendingOrder::sync(sess);
+        }
         for &task in victims {
             sess.evict(task);
             sess.evict_info.insert(
@@ -576,15 +590,16 @@ impl<'a> Solver<'a> {
                 },
             );
         }
-        let mut order_jobs = vec![job];
-        for &t in victims {
-            let j = sess.tasks[t].job;
-            if !order_jobs[1..].contains(&j) {
-                order_jobs.push(j);
+        let mut order = scenario_queue(sess, &order_jobs);
+        // the other jobs with a pending task are skipped (they only shape the order); once
+        // every wanted job is placed again nothing else can change (each pops once)
+        let mut left = order_jobs.len();
+        while left > 0 {
+            let Some(next_job) = order.pop(sess) else { break };
+            if !order_jobs.contains(&next_job) {
+                continue;
             }
-        }
-        let mut order = JobQueue::new(sess, Items::Jobs, &order_jobs, false, true);
-        while let Some(next_job) = order.pop(sess) {
+            left -= 1;
             if next_job == job {
                 let pending: Vec<usize> = prefix
                     .iter()
