@@ -191,9 +191,11 @@ def _live(task: Task) -> Task:
 
 def _taken_back(task: Task) -> bool:
     """A pod pending when the cycle began, placed in it and evicted again (a victim of a later
-    action): it stays pending, neither pipelined nor evicted (KAI's eviction of a pod it has not
-    bound)."""
-    return task.orig_status == PodStatus.PENDING and task.status == PodStatus.RELEASING
+    action) and not placed anew: it stays pending, neither pipelined nor evicted (KAI's eviction
+    of a pod it has not bound). One a victim scenario moved is pipelined where it went (KAI's
+    last call for it pipelines it there)."""
+    return (task.orig_status == PodStatus.PENDING and task.status == PodStatus.RELEASING
+            and task.moved is None)
 
 
 def _alive(task: Task) -> bool:

@@ -162,10 +162,13 @@ fn live_of(sess: &Session, mut idx: usize) -> usize {
 }
 
 /// A pod pending when the cycle began, placed in it and evicted again (a victim of a later
-/// action): it stays pending, neither pipelined nor evicted (KAI's eviction of a pod it has not
-/// bound).
+/// action) and not placed anew: it stays pending, neither pipelined nor evicted (KAI's eviction
+/// of a pod it has not bound). One a victim scenario moved is pipelined where it went (KAI's
+/// last call for it pipelines it there).
 fn taken_back(task: &Task) -> bool {
-    task.orig_status == PodStatus::Pending && task.status == PodStatus::Releasing
+    task.orig_status == PodStatus::Pending
+        && task.status == PodStatus::Releasing
+        && task.moved.is_none()
 }
 
 /// Whether the pod counts as there for its job's readiness, once (a moved pod where it went; a
