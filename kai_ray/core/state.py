@@ -140,6 +140,7 @@ class JobState:
         "priority",
         "queue",
         "requested",
+        "signature",
         "source",
         "stale_since",
         "tasks",
@@ -164,6 +165,8 @@ class JobState:
         # made on first use (most jobs of a busy cluster never need them)
         self.to_allocate: dict[bool, tuple[int, list[Task]]] | None = None
         self.requested: dict[bool, tuple[int, tuple[float, float, float]]] | None = None
+        # KAI's scheduling-constraints signature, fixed on first use (actions/solver.py)
+        self.signature: tuple[object, ...] | None = None
         self.uses_subgroups = bool(job.subgroups)
         if job.subgroups:
             # a subgroup's minimum may be 0 (all elastic); the job's own is at least 1

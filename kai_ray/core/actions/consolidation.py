@@ -36,6 +36,8 @@ def run(sess: Session) -> None:
         if free_at is None or free_at[0] != len(sess.undo):
             free_at = (len(sess.undo), _free_gpus(sess))
         if need > free_at[1] + 1e-9:
+            # a failed attempt like any other: a look-alike is skipped (consolidation.go)
+            failed.record(job, "cluster")
             continue
 
         def candidates(job: JobState = job) -> list[JobState]:

@@ -32,6 +32,8 @@ def run(sess: Session) -> None:
             continue
         if not job.preemptible and check_non_preemptible(
                 sess, job, job_level_request(sess, tasks)) is not None:
+            # a failed attempt like any other: a look-alike is skipped (preempt.go)
+            failed.record(job, job.queue)
             continue
 
         def candidates(job: JobState = job) -> list[JobState]:

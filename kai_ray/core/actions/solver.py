@@ -25,7 +25,7 @@ from kai_ray.core.actions.common import place_tasks
 from kai_ray.core.actions.gpu_room import AllFreed, Freed, FreeGpus, GpuRoom
 from kai_ray.core.actions.victim_stream import VictimStream
 from kai_ray.core.actions.victims import VictimUnit, unit_of, victim_units
-from kai_ray.core.model import PodStatus
+from kai_ray.core.model import ACTIVE_ALLOCATED, PodStatus
 from kai_ray.core.ordering import JobQueue, PendingOrder, scenario_queue
 from kai_ray.core.state import EvictInfo, JobState, Session, Task
 
@@ -40,53 +40,85 @@ class Solution:
     moved: list[Task]  # re-placed elsewhere (Pipelined copies)
 
 
-def _gpu_amount(task: Task) -> float:
+# a pending pod's request as KAI's ResourceRequirements compares it (resource_requirment.go
+# LessEqual): GPU device count, portion of each device (1 for whole GPUs, 0 for CPU-only and
+# gpu-memory requests), CPU, memory
+_Request = tuple[int, float, int, int]
+_MIN_PORTION_DIFF = 0.01  # KAI's minGPUs: portions closer than this compare equal
+
+
+def _request(task: Task) -> _Request:
     req = task.req
     if req.gpus:
-        return float(req.gpus)
+        return (req.gpus, 1.0, req.cpu_m, req.memory)
     if req.gpu_fraction_milli:
-        return req.gpu_fraction_milli / 1000 * req.fraction_devices
-    return 0.0
+        return (req.fraction_devices, req.gpu_fraction_milli / 1000, req.cpu_m, req.memory)
+    if req.gpu_memory_mib:
+        return (req.fraction_devices, 0.0, req.cpu_m, req.memory)
+    return (0, 0.0, req.cpu_m, req.memory)
+
+
+def _le(a: _Request, b: _Request) -> bool:
+    return (a[0] <= b[0] and (a[1] < b[1] or abs(a[1] - b[1]) < _MIN_PORTION_DIFF)
+            and a[2] <= b[2] and a[3] <= b[3])
+
+
+def _signature(job: JobState) -> tuple[object, ...]:
+    """KAI's scheduling-constraints signature of a job (PodGroupInfo / PodSet
+    GetSchedulingConstraintsSignature): per podset, the constraints of each of its pods that is
+    not active-allocated, one entry per pod, and the pods' priority; nothing of what the pods
+    request. KAI caches it on first use, so it stays what it was then for the whole cycle."""
+    if job.signature is None:
+        sets = []
+        for ps in job.podsets.values():
+            pods = [t for t in ps.tasks if t.origin is None]
+            # a moved pod is where it went (KAI: one pod, pipelined)
+            rest = [t.constraints for t in pods if _live_status(t) not in ACTIVE_ALLOCATED]
+            sets.append(tuple(sorted(rest)) if rest else ())
+        job.signature = (job.priority, tuple(sorted(sets)))
+    return job.signature
+
+
+def _live_status(task: Task) -> PodStatus:
+    while task.moved is not None:
+        task = task.moved
+    return task.status
 
 
 class FailedJobs:
-    """KAI's scheduling signatures: within one action, skip a job that looks like one that
-    already failed (same constraints) unless it is strictly easier to place."""
+    """KAI's scheduling signatures (minimal_job_comparison.go): within one action, a job is
+    skipped when a job of the same signature failed and it is not easier to place than that
+    one (its pending pods, sorted, are nowhere strictly smaller, or it has more of them)."""
 
     def __init__(self) -> None:
-        self.failed: dict[tuple[object, ...], list[tuple[float, int, int]]] = {}
+        self.failed: dict[tuple[object, ...], list[_Request]] = {}
 
     @staticmethod
-    def _key(job: JobState, scope: str) -> tuple[object, ...]:
-        kinds = tuple(sorted({(t.req.gpus > 0, t.req.gpu_fraction_milli > 0,
-                               t.req.gpu_memory_mib > 0, t.constraints)
-                              for t in job.pending_tasks()}, key=repr))
-        return (scope, job.priority, job.preemptible, kinds)
-
-    @staticmethod
-    def _footprint(job: JobState) -> list[tuple[float, int, int]]:
-        return sorted(((_gpu_amount(t), t.req.cpu_m, t.req.memory) for t in job.pending_tasks()),
-                      reverse=True)
+    def _footprint(job: JobState) -> list[_Request]:
+        return sorted(_request(t) for t in job.pending_tasks())
 
     def should_skip(self, job: JobState, scope: str) -> bool:
-        known = self.failed.get(self._key(job, scope))
+        known = self.failed.get((scope, _signature(job)))
         if known is None:
             return False
         mine = self._footprint(job)
-        if len(mine) < len(known):
+        if not mine or not known:
+            return True
+        if len(known) > len(mine):
             return False
-        for a, b in zip(mine, known, strict=False):
-            if a != b:
-                return not all(x <= y for x, y in zip(a, b, strict=True))
+        for i, a in enumerate(mine):
+            if i >= len(known):
+                return True
+            if _le(a, known[i]) and not _le(known[i], a):
+                return False  # strictly smaller here: easier
         return True
 
     def record(self, job: JobState, scope: str) -> None:
-        key = self._key(job, scope)
+        key = (scope, _signature(job))
         mine = self._footprint(job)
         known = self.failed.get(key)
-        if known is None or (len(mine) <= len(known)
-                             and all(all(x <= y for x, y in zip(a, b, strict=True))
-                                     for a, b in zip(mine, known, strict=False))):
+        if known is None or (mine and len(mine) <= len(known)
+                             and all(_le(a, b) for a, b in zip(mine, known, strict=False))):
             self.failed[key] = mine
 
 

@@ -18,6 +18,9 @@ use crate::queuetree::excluded_queues;
 pub const GPU: usize = 2;
 pub const MILLI: i64 = 1000;
 
+/// A job's scheduling signature: its pods' priority and, per podset, the constraints of each
+/// pod not active-allocated (see actions/solver.rs).
+pub type Signature = (i64, Vec<Vec<usize>>);
 pub type Amounts = [f64; 3];
 
 /// One pod inside the session.
@@ -96,6 +99,8 @@ pub struct JobState {
     pub changes: u64,
     pub to_allocate: [Option<(u64, Vec<usize>)>; 2],
     pub requested: [Option<(u64, Amounts)>; 2],
+    /// KAI's scheduling-constraints signature, fixed on first use (actions/solver.rs)
+    pub signature: Option<Signature>,
     pub uses_subgroups: bool,
     /// in the PodGroup's order (the Python dict's)
     pub podsets: Vec<PodSet>,
@@ -527,6 +532,7 @@ impl Session {
                 changes: 0,
                 to_allocate: [None, None],
                 requested: [None, None],
+                signature: None,
                 uses_subgroups,
                 podsets,
             });

@@ -94,6 +94,8 @@ pub fn run(sess: &mut Session) {
             }
         };
         if need > free + 1e-9 {
+            // a failed attempt like any other: a look-alike is skipped (consolidation.go)
+            failed.record(sess, job, CLUSTER);
             continue;
         }
         let rules = Consolidation { job, limit };

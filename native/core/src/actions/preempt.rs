@@ -71,6 +71,8 @@ pub fn run(sess: &mut Session) {
         if !sess.jobs[job].preemptible
             && check_non_preemptible(sess, job, job_level_request(sess, &tasks)).is_some()
         {
+            // a failed attempt like any other: a look-alike is skipped (preempt.go)
+            failed.record(sess, job, scope);
             continue;
         }
         let rules = Preempt { job, in_queue: in_queue.get(&scope).unwrap_or(&empty) };

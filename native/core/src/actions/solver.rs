@@ -19,7 +19,7 @@ use crate::actions::victims::{
 };
 use crate::model::PodStatus;
 use crate::ordering::{scenario_queue, Items, JobQueue, PendingOrder};
-use crate::state::{EvictInfo, EvictMessage, Session, Undo};
+use crate::state::{EvictInfo, EvictMessage, Session, Signature, Undo};
 
 /// Which victims a job may take: preempt (queue, priority), reclaim (queue, i64::MIN); None
 /// for consolidation (no cache across jobs).
@@ -40,83 +40,110 @@ pub trait Rules {
         -> Option<Option<usize>>;
 }
 
-fn gpu_amount(sess: &Session, t: usize) -> f64 {
+/// A pending pod's request as KAI's ResourceRequirements compares it (resource_requirment.go
+/// LessEqual): GPU device count, portion of each device (1 for whole GPUs, 0 for CPU-only and
+/// gpu-memory requests), CPU, memory.
+type Request = (i64, f64, i64, i64);
+type Footprint = Vec<Request>;
+type SignatureKey = (usize, Signature);
+/// KAI's minGPUs: portions closer than this compare equal
+const MIN_PORTION_DIFF: f64 = 0.01;
+
+fn request(sess: &Session, t: usize) -> Request {
     let req = &sess.tasks[t].req;
     if req.gpus != 0 {
-        req.gpus as f64
+        (req.gpus, 1.0, req.cpu_m, req.memory)
     } else if req.gpu_fraction_milli != 0 {
-        req.gpu_fraction_milli as f64 / 1000.0 * req.fraction_devices as f64
+        (req.fraction_devices, req.gpu_fraction_milli as f64 / 1000.0, req.cpu_m, req.memory)
+    } else if req.gpu_memory_mib != 0 {
+        (req.fraction_devices, 0.0, req.cpu_m, req.memory)
     } else {
-        0.0
+        (0, 0.0, req.cpu_m, req.memory)
     }
 }
 
-type Footprint = Vec<(f64, i64, i64)>;
-type SignatureKey = (usize, i64, bool, Vec<(bool, bool, bool, usize)>);
-
-fn le3(a: &(f64, i64, i64), b: &(f64, i64, i64)) -> bool {
-    a.0 <= b.0 && a.1 <= b.1 && a.2 <= b.2
+fn le(a: &Request, b: &Request) -> bool {
+    a.0 <= b.0 && (a.1 < b.1 || (a.1 - b.1).abs() < MIN_PORTION_DIFF) && a.2 <= b.2 && a.3 <= b.3
 }
 
-/// KAI's scheduling signatures: within one action, skip a job that looks like one that already
-/// failed (same constraints) unless it is strictly easier to place.
+fn live_status(sess: &Session, mut t: usize) -> PodStatus {
+    while let Some(copy) = sess.tasks[t].moved {
+        t = copy;
+    }
+    sess.tasks[t].status
+}
+
+/// KAI's scheduling-constraints signature of a job (PodGroupInfo / PodSet
+/// GetSchedulingConstraintsSignature): per podset, the constraints of each of its pods that is
+/// not active-allocated, one entry per pod, and the pods' priority; nothing of what the pods
+/// request. KAI caches it on first use, so it stays what it was then for the whole cycle.
+fn signature(sess: &mut Session, job: usize) -> Signature {
+    if let Some(sig) = &sess.jobs[job].signature {
+        return sig.clone();
+    }
+    let mut sets: Vec<Vec<usize>> = Vec::with_capacity(sess.jobs[job].podsets.len());
+    for ps in &sess.jobs[job].podsets {
+        // a moved pod is where it went (KAI: one pod, pipelined)
+        let mut rest: Vec<usize> = ps
+            .tasks
+            .iter()
+            .filter(|&&t| sess.tasks[t].origin.is_none())
+            .filter(|&&t| !live_status(sess, t).active_allocated())
+            .map(|&t| sess.tasks[t].constraints)
+            .collect();
+        rest.sort_unstable();
+        sets.push(rest);
+    }
+    sets.sort();
+    let sig = (sess.jobs[job].priority, sets);
+    sess.jobs[job].signature = Some(sig.clone());
+    sig
+}
+
+/// KAI's scheduling signatures (minimal_job_comparison.go): within one action, a job is skipped
+/// when a job of the same signature failed and it is not easier to place than that one (its
+/// pending pods, sorted, are nowhere strictly smaller, or it has more of them).
 #[derive(Default)]
 pub struct FailedJobs {
     failed: FxHashMap<SignatureKey, Footprint>,
 }
 
 impl FailedJobs {
-    fn key(sess: &Session, job: usize, scope: usize) -> SignatureKey {
-        let mut kinds: Vec<(bool, bool, bool, usize)> = sess
-            .pending_tasks(job)
-            .into_iter()
-            .map(|t| {
-                let task = &sess.tasks[t];
-                (
-                    task.req.gpus > 0,
-                    task.req.gpu_fraction_milli > 0,
-                    task.req.gpu_memory_mib > 0,
-                    task.constraints,
-                )
-            })
-            .collect();
-        kinds.sort();
-        kinds.dedup();
-        let js = &sess.jobs[job];
-        (scope, js.priority, js.preemptible, kinds)
-    }
-
     fn footprint(sess: &Session, job: usize) -> Footprint {
-        let mut out: Footprint = sess
-            .pending_tasks(job)
-            .into_iter()
-            .map(|t| (gpu_amount(sess, t), sess.tasks[t].req.cpu_m, sess.tasks[t].req.memory))
-            .collect();
-        out.sort_by(|a, b| b.partial_cmp(a).unwrap_or(Ordering::Equal));
+        let mut out: Footprint =
+            sess.pending_tasks(job).into_iter().map(|t| request(sess, t)).collect();
+        out.sort_by(|a, b| a.partial_cmp(b).unwrap_or(Ordering::Equal));
         out
     }
 
-    pub fn should_skip(&self, sess: &Session, job: usize, scope: usize) -> bool {
-        let Some(known) = self.failed.get(&Self::key(sess, job, scope)) else { return false };
+    pub fn should_skip(&self, sess: &mut Session, job: usize, scope: usize) -> bool {
+        let key = (scope, signature(sess, job));
+        let Some(known) = self.failed.get(&key) else { return false };
         let mine = Self::footprint(sess, job);
-        if mine.len() < known.len() {
+        if mine.is_empty() || known.is_empty() {
+            return true;
+        }
+        if known.len() > mine.len() {
             return false;
         }
-        for (a, b) in mine.iter().zip(known) {
-            if a != b {
-                return !le3(a, b);
+        for (i, a) in mine.iter().enumerate() {
+            let Some(b) = known.get(i) else { return true };
+            if le(a, b) && !le(b, a) {
+                return false; // strictly smaller here: easier
             }
         }
         true
     }
 
-    pub fn record(&mut self, sess: &Session, job: usize, scope: usize) {
-        let key = Self::key(sess, job, scope);
+    pub fn record(&mut self, sess: &mut Session, job: usize, scope: usize) {
+        let key = (scope, signature(sess, job));
         let mine = Self::footprint(sess, job);
         let replace = match self.failed.get(&key) {
             None => true,
             Some(known) => {
-                mine.len() <= known.len() && mine.iter().zip(known).all(|(a, b)| le3(a, b))
+                !mine.is_empty()
+                    && mine.len() <= known.len()
+                    && mine.iter().zip(known).all(|(a, b)| le(a, b))
             }
         };
         if replace {
