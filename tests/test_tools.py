@@ -169,3 +169,17 @@ def test_taints_tolerations_and_affinity_survive_the_snapshot_file(tmp_path: Pat
     want, got = schedule(original, config, NOW), schedule(again, config, NOW)
     assert predicted(got) == predicted(want)
     assert {b.pod: b.node for b in want.binds} == {"tolerant": "gpu-a", "pinned": "gpu-b"}
+
+
+def test_the_queue_table_renders_every_row() -> None:
+    from kai_ray.tools.queues import render_queues
+
+    numbers = {"quota": 1, "limit": -1, "weight": 1, "allocated": 2, "fair_share": 1.5,
+               "pending": 2}
+    row = {"name": "leaf", "depth": 1, "priority": 100, "gpu": numbers,
+           "cpu": {"allocated": 1, "fair_share": 2}, "memory": {"allocated": 3, "fair_share": 4}}
+    text = render_queues([row], ["queue x: bad"])
+    header, line = text.splitlines()[:2]
+    assert header.split()[:3] == ["QUEUE", "PRIO", "GPU"]
+    assert line.split() == ["leaf", "100", "1", "-", "1", "2", "1.5", "2", "1/2", "3/4"]
+    assert "queue x: bad" in text

@@ -18,7 +18,7 @@ from kai_ray.core.model import (
     Snapshot,
 )
 from kai_ray.core.schedule import schedule
-from kai_ray.tools.live import RESOURCES, Live, fmt, read_cluster, scheduler_config
+from kai_ray.tools.live import RESOURCES, Live, fmt, read_cluster, scheduler_config, table
 
 
 def queue_rows(snapshot: Snapshot, config: SchedulerConfig, now: float) -> list[dict[str, Any]]:
@@ -62,10 +62,10 @@ def queue_rows(snapshot: Snapshot, config: SchedulerConfig, now: float) -> list[
 
 
 def render_queues(rows: list[dict[str, Any]], problems: Iterable[str]) -> str:
-    table = []
+    rows_out = []
     for row in rows:
         g, c, m = row["gpu"], row["cpu"], row["memory"]
-        table.append([
+        rows_out.append([
             "  " * row["depth"] + row["name"], str(row["priority"]),
             fmt(g["quota"]), fmt(g["limit"]), fmt(g["weight"], False),
             fmt(g["allocated"], False), fmt(g["fair_share"], False),
@@ -74,7 +74,7 @@ def render_queues(rows: list[dict[str, Any]], problems: Iterable[str]) -> str:
             f"{fmt(m['allocated'], False)}/{fmt(m['fair_share'], False)}",
         ])
     out = [table(["QUEUE", "PRIO", "GPU QUOTA", "LIMIT", "WEIGHT", "ALLOCATED", "FAIR SHARE",
-                   "PENDING", "CPU ALLOC/FAIR", "MEM GB ALLOC/FAIR"], table)]
+                   "PENDING", "CPU ALLOC/FAIR", "MEM GB ALLOC/FAIR"], rows_out)]
     out.append("GPU columns in GPUs ('-' = unlimited); PENDING = requested but not allocated; "
                "fair share from the scheduler's own fair-share pass.")
     problems = list(problems)
