@@ -14,14 +14,13 @@ from kai_ray.core.model import (
     PodStatus,
     Queue,
     Request,
-    ResourceQuota,
     SchedulerConfig,
     Snapshot,
 )
 from kai_ray.core.schedule import schedule
+from kai_ray.sim.synthetic import OPEN  # unlimited, weight 1
 from kai_ray.testing import native_core
 
-OPEN = ResourceQuota(-1, -1, 1)
 GIB = 1 << 30
 
 
