@@ -30,6 +30,7 @@ from kai_ray.testing.kai_harness import snapshot_json
 
 KNOWN = pathlib.Path(__file__).parent / "kai_fuzz_known.yaml"
 SCENARIOS = pathlib.Path(__file__).parent / "scenarios" / "kai-ray-extra.yaml"
+FOUND = pathlib.Path(__file__).parent / "scenarios" / "kai-fuzz-found.yaml"
 SLICE = range(0, 300)
 
 
@@ -173,6 +174,16 @@ def _case(case_id: str) -> Snapshot:
 
 def _ours(snap: Snapshot) -> kai_fuzz.Decisions:
     return kai_fuzz.our_decisions(snap, schedule(snap, SchedulerConfig(), now=0.0))
+
+
+@pytest.mark.parametrize("case", scenario.load(FOUND), ids=lambda c: c.id)
+def test_what_the_fuzzer_found_is_what_kai_decides(harness: pathlib.Path,
+                                                   case: scenario.Scenario,
+                                                   tmp_path: pathlib.Path) -> None:
+    """Each case of kai-fuzz-found.yaml (each a behaviour of KAI's the fuzzer found and
+    kai-ray now matches): kai-ray's whole cycle decides as one of KAI's runs of its own."""
+    snap = scenario.snapshot_of(case)
+    assert _ours(snap) in _answers(harness, snap, tmp_path, runs=15)
 
 
 def test_dev03_case_is_proven_by_its_variant(harness: pathlib.Path,

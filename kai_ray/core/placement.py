@@ -223,8 +223,10 @@ def sticky_allowed(sess: Session, task: Task) -> bool:
     return (cfg.gpu if task.req.wants_gpu else cfg.cpu) != "spread"
 
 
-def scores(sess: Session, task: Task, fits: BoolArray, fits_idle: BoolArray
-           ) -> npt.NDArray[np.float64]:
+def scores(sess: Session, task: Task, fits: BoolArray, fits_idle: BoolArray,
+           within: BoolArray | None = None) -> npt.NDArray[np.float64]:
+    """KAI's node order scores; binpack normalises free amounts over the nodes `within`
+    (default: every schedulable node)."""
     req = task.req
     cfg = sess.config.placement
     if req.wants_gpu:
@@ -240,6 +242,8 @@ def scores(sess: Session, task: Task, fits: BoolArray, fits_idle: BoolArray
         base = np.where(has, free / np.where(has, total, 1.0), 0.0)
     else:
         cand = sess.schedulable & has
+        if within is not None:
+            cand &= within
         if cand.any():
             lo, hi = free[cand].min(), free[cand].max()
             base = np.full(len(free), 9.0) if hi == lo else 9.0 * (1.0 - (free - lo) / (hi - lo))
@@ -309,7 +313,11 @@ def choose(sess: Session, task: Task, explain: bool = True
            ) -> tuple[Choice | None, dict[str, int]]:
     """Best node for `task`, or None with the failed-predicate histogram (empty unless
     `explain`: simulations do not need it). A virtually evicted victim is placed like any task;
-    if that lands it where it was, the session un-evicts it."""
+    if that lands it where it was, the session un-evicts it. Under a node filter (a victim
+    scenario's nodes, `Session.node_filter`) only those nodes are candidates, and binpack
+    scores are normalised over them (KAI's AllocateJob is handed that node list)."""
+    if sess.node_filter is not None:
+        return _choose_filtered(sess, task, sess.node_filter, explain)
     if task.req.gpus and sess.config.gpu_packing == "kai":
         few, order = _whole_candidates(sess, task.req.gpus)
         if few:
@@ -340,6 +348,23 @@ def choose(sess: Session, task: Task, explain: bool = True
     else:
         score = scores(sess, task, fits, fits_idle)
         node = int(np.argmax(np.where(fits, score, -np.inf)))
+    return place_on(sess, task, node, bool(fits_idle[node])), {}
+
+
+def _choose_filtered(sess: Session, task: Task, within: BoolArray, explain: bool
+                     ) -> tuple[Choice | None, dict[str, int]]:
+    """`choose`'s array path over the nodes of `within` only."""
+    fits, fits_idle, reasons = feasible(sess, task, explain=explain)
+    fits &= within
+    fits_idle &= within
+    if not fits.any():
+        return None, reasons
+    if sess.config.gpu_packing != "kai" and task.req.wants_gpu:
+        picked = packing_policy.choose(sess, task, fits_idle)
+        if picked is not None:
+            return Choice(picked[0], picked[1], picked[2], True), {}
+    score = scores(sess, task, fits, fits_idle, within)
+    node = int(np.argmax(np.where(fits, score, -np.inf)))
     return place_on(sess, task, node, bool(fits_idle[node])), {}
 
 

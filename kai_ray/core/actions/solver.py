@@ -2,12 +2,19 @@
 
 For a pending job it grows prefixes of its tasks-to-allocate. Each prefix starts from the victims
 recorded for the previous one and adds potential victims in victim order, one job (or one extra
-task of an elastic job) at a time; every scenario evicts the recorded victims plus the potential
+task of an elastic job) at a time. Every scenario evicts the recorded victims plus the potential
 victims of the jobs with one on a node of the latest one (all of them, wherever they sit), then
 places the preemptor and the victims again (pipeline only), in the order KAI pops them from
 among every job with a pending task (ordering.scenario_queue): a victim that fits back where it
-was is left alone, one placed elsewhere is moved, one not placed stays evicted. An
-action-specific validator accepts or rejects the scenario.
+was is left alone, one placed elsewhere is moved, one not placed stays evicted. Placement is
+kept to the scenario's nodes: the job's feasible nodes (`feasible_nodes`) and those of the
+previous prefix's victims and of the scenario's potential victims. An action-specific
+validator accepts or rejects the scenario.
+
+What a prefix records for the next is every take (the victims added in one step) that holds a
+pod its scenario evicted or moved, the whole take: a pod of it put back where it was is evicted
+again by the next prefix's scenarios. KAI records victim jobs so: the clones made per
+BaseScenario.AddPotentialVictimsTasks call (by_pod_solver.go getVictimJobsFromVictimTasks).
 
 The same decisions, faster: the victim order is popped once per session state and shared by
 every prefix (victim_stream.py), a prefix skips the victims that cannot yet make room for it
@@ -20,6 +27,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
+
+import numpy as np
+import numpy.typing as npt
 
 from kai_ray.core.actions.common import place_tasks
 from kai_ray.core.actions.gpu_room import AllFreed, Freed, FreeGpus, GpuRoom
@@ -83,6 +93,28 @@ def _live_status(task: Task) -> PodStatus:
     while task.moved is not None:
         task = task.moved
     return task.status
+
+
+def feasible_nodes(sess: Session, job: JobState) -> npt.NDArray[np.bool_] | None:
+    """KAI's FeasibleNodesForJob (feasible_nodes.go), the nodes a victim scenario may place
+    on before its victims' nodes are added: for a job all of whose pods ask for a GPU, those
+    whose idle or whose releasing GPUs sum above 0 as KAI's node sums them; else None (every
+    node). Idle: whole idle GPUs plus, per shared device some unpipelined sharer holds, what
+    is left of it (in 1/100, rounded down); releasing: whole releasing GPUs plus, per shared
+    device partly releasing, the releasing part (in 1/100, rounded up). A device only
+    pipelined sharers hold counts in neither (GetSumOfIdleGPUs, GetSumOfReleasingGPUs)."""
+    if not all(t.req.wants_gpu for t in job.tasks):
+        return None
+    held = sess.dev_on & (sess.dev_used > 0)
+    left = np.where(held, 100 - (sess.dev_used + 9) // 10, 0).sum(axis=1)
+    idle = 100 * (sess.cap_gpu - sess.used_gpu) + left
+    releasing = 100 * sess.rel_gpu
+    for node in np.flatnonzero((sess.dev_on & (sess.dev_rel > 0)).any(axis=1)).tolist():
+        for g in sess.groups[node].values():
+            if g.releasing > 0 and g.releasing != g.used + g.pipelined:
+                releasing[node] += (g.releasing + 9) // 10
+    nodes: npt.NDArray[np.bool_] = (idle > 0) | (releasing > 0)
+    return nodes
 
 
 class FailedJobs:
@@ -302,6 +334,12 @@ class _RecordedFreed:
         return self.whole, self.freed
 
 
+def _groups_hit(victims: list[Task], groups: list[list[Task]]) -> list[list[Task]]:
+    """The groups holding one of `victims` (the pods a scenario evicted or moved)."""
+    hit = {id(t) for t in victims}
+    return [g for g in groups if any(id(t) in hit for t in g)]
+
+
 class Solver:
     def __init__(self, sess: Session, action: str, candidates: Callable[[], list[JobState]],
                  validator: Validator, message: Callable[[Task, JobState], str],
@@ -321,6 +359,7 @@ class Solver:
         self._free: FreeGpus
         self._all_freed: AllFreed
         self._victim_queue: JobQueue[VictimUnit]
+        self._feasible: npt.NDArray[np.bool_] | None = None
 
     def solve(self, job: JobState) -> bool:
         """Try to make room for `job`; on success the winning scenario stays applied."""
@@ -337,14 +376,16 @@ class Solver:
             sess, self.scope, self.candidates)
         if self._hopeless(tasks):
             return False
-        recorded: list[Task] = []
+        self._feasible = feasible_nodes(sess, job)
+        recorded: list[list[Task]] = []
+        actual: list[Task] = []  # what the last prefix's scenario evicted or moved
         self._recorded = _RecordedFreed(GpuRoom(sess, self._free, []))
         solved = False
         for k in range(1, len(tasks) + 1):
-            victims = self._solve_prefix(job, tasks[:k], recorded)
-            if victims is None:
+            found = self._solve_prefix(job, tasks[:k], recorded, actual)
+            if found is None:
                 break
-            recorded = victims
+            recorded, actual = found
             solved = k == len(tasks)
             if not solved:
                 sess.rollback(base)
@@ -360,15 +401,19 @@ class Solver:
         harder to pass. Found before any prefix is simulated, it changes no decision."""
         return not self.cache.all_enough(self.sess, self.scope, self._all_freed, tasks)
 
-    def _solve_prefix(self, job: JobState, prefix: list[Task], recorded: list[Task]
-                      ) -> list[Task] | None:
+    def _solve_prefix(self, job: JobState, prefix: list[Task], groups: list[list[Task]],
+                      actual: list[Task]) -> tuple[list[list[Task]], list[Task]] | None:
+        """The victim groups the next prefix starts from and the pods the winning scenario
+        evicted or moved, or None when no scenario makes room for `prefix`; `groups` and
+        `actual` are the previous prefix's."""
+        recorded = [t for g in groups for t in g]
         room = GpuRoom(self.sess, self._free, prefix)
         if recorded and not room.trivial:
             room.adopt(*self._recorded.of(recorded))
         if recorded and room.enough():
-            result = self._try(job, prefix, recorded)
+            result = self._try(job, prefix, recorded, self._nodes(actual))
             if result is not None:
-                return result
+                return _groups_hit(result, groups), result
         if not self.cache.all_enough(self.sess, self.scope, self._all_freed, prefix):
             return None  # not even every candidate victim together would make room
         stream = self.cache.stream(self.sess, self.scope)
@@ -378,35 +423,64 @@ class Solver:
         # (those of the quiet batch, which come first, sorted by node only once an entry may be
         # simulated): a scenario on a node takes every potential victim of those jobs, wherever
         # it sits (KAI's ByNodeScenario.VictimsTasksFromNodes)
-        quiet_batch: list[Task] = []
+        quiet_batch: list[list[Task]] = []
         potential: list[Task] = []
+        taken_in: dict[int, list[Task]] = {}  # each potential victim's take
         jobs_on: dict[int, set[int]] | None = None
-        for taken, quiet in victims:
+        for takes, quiet in victims:
             if quiet:
-                quiet_batch.extend(taken)
+                quiet_batch.extend(takes)
                 continue  # already in `room` (see `VictimStream.read`); nothing to simulate
             if jobs_on is None:
                 jobs_on = {}
-                for t in quiet_batch:
+                for taken in quiet_batch:
+                    for t in taken:
+                        jobs_on.setdefault(t.node, set()).add(id(t.job))
+                        taken_in[id(t)] = taken
+                    potential.extend(taken)
+            for taken in takes:
+                for t in taken:
                     jobs_on.setdefault(t.node, set()).add(id(t.job))
-                potential.extend(quiet_batch)
-            for t in taken:
-                jobs_on.setdefault(t.node, set()).add(id(t.job))
-                room.add_victim(t)
-            potential.extend(taken)
+                    taken_in[id(t)] = taken
+                    room.add_victim(t)
+                potential.extend(taken)
             if not room.enough():
                 continue  # even every victim so far would not free enough GPUs: skip simulating
-            for node in sorted({t.node for t in taken}):
+            for node in sorted({t.node for taken in takes for t in taken}):
                 on_node = jobs_on[node]
-                scenario = recorded + [t for t in potential if id(t.job) in on_node]
+                added = [t for t in potential if id(t.job) in on_node]
+                scenario = recorded + added
                 if not room.enough_with(scenario):
                     continue
-                result = self._try(job, prefix, scenario)
+                result = self._try(job, prefix, scenario, self._nodes(actual, added))
                 if result is not None:
-                    return result
+                    return _groups_hit(result, groups + list(
+                        {id(g): g for g in (taken_in[id(t)] for t in added)}.values())), result
         return None
 
-    def _popped(self, recorded: list[Task]) -> Iterator[tuple[list[Task], bool]]:
+    def _place_again(self, job: JobState, prefix: list[Task], victim_jobs: list[JobState],
+                     order: JobQueue[JobState]) -> bool:
+        """Place the preemptor's `prefix` and the victims again in `order`; False when the
+        preemptor does not fit. The other jobs with a pending task are skipped (they only
+        shape the order); once every wanted job is placed again nothing else can change."""
+        sess = self.sess
+        wanted = {id(j) for j in victim_jobs}
+        wanted.add(id(job))
+        while wanted and (next_job := order.pop()) is not None:
+            if id(next_job) not in wanted:
+                continue
+            wanted.discard(id(next_job))
+            if next_job is job:
+                pending = [t for t in prefix if t.status == PodStatus.PENDING]
+                if not place_tasks(sess, job, pending, pipeline_only=True, record=False):
+                    return False
+                continue
+            again = next_job.tasks_to_allocate(simulation=True)
+            if again:
+                place_tasks(sess, next_job, again, pipeline_only=True, record=False)
+        return True
+
+    def _popped(self, recorded: list[Task]) -> Iterator[tuple[list[list[Task]], bool]]:
         """The victims in victim order, popped from a copy of the scope's queue: what each
         next unit gives up (never a recorded victim again; what is left of its job goes
         back), skipping queues a validator exhausted."""
@@ -420,11 +494,25 @@ class Solver:
             if rest is not None:
                 queue.push(rest)
             if taken:
-                yield taken, False
+                yield [taken], False
 
-    def _try(self, job: JobState, prefix: list[Task], victims: list[Task]) -> list[Task] | None:
-        """Simulate one scenario. On success the state stays applied and the victims that
-        matter (evicted or moved) are returned."""
+    def _nodes(self, *victims: list[Task]) -> npt.NDArray[np.bool_] | None:
+        """A scenario's nodes (KAI's byPodSolver feasibleNodes): the job's feasible nodes,
+        those of the previous prefix's victims and those of the scenario's potential
+        victims; None: every node."""
+        if self._feasible is None:
+            return None
+        nodes = self._feasible.copy()
+        for group in victims:
+            for t in group:
+                if t.node >= 0:
+                    nodes[t.node] = True
+        return nodes
+
+    def _try(self, job: JobState, prefix: list[Task], victims: list[Task],
+             nodes: npt.NDArray[np.bool_] | None) -> list[Task] | None:
+        """Simulate one scenario, placing only on `nodes` (None: any). On success the state
+        stays applied and the victims that matter (evicted or moved) are returned."""
         sess = self.sess
         checkpoint = sess.checkpoint()
         victim_jobs = list({id(t.job): t.job for t in victims if t.job is not job}.values())
@@ -436,24 +524,15 @@ class Solver:
             sess.evict(task)
             sess.evict_info[task.idx] = EvictInfo(self.action, job.name,
                                                   partial(self.message, task, job))
-        wanted = {id(j) for j in victim_jobs}
-        wanted.add(id(job))
         order = scenario_queue(sess, [job, *victim_jobs], others)
-        # the other jobs with a pending task are skipped (they only shape the order); once
-        # every wanted job is placed again nothing else can change
-        while wanted and (next_job := order.pop()) is not None:
-            if id(next_job) not in wanted:
-                continue
-            wanted.discard(id(next_job))
-            if next_job is job:
-                pending = [t for t in prefix if t.status == PodStatus.PENDING]
-                if not place_tasks(sess, job, pending, pipeline_only=True, record=False):
-                    sess.rollback(checkpoint)
-                    return None
-                continue
-            again = next_job.tasks_to_allocate(simulation=True)
-            if again:
-                place_tasks(sess, next_job, again, pipeline_only=True, record=False)
+        sess.node_filter = nodes
+        try:
+            placed = self._place_again(job, prefix, victim_jobs, order)
+        finally:
+            sess.node_filter = None
+        if not placed:
+            sess.rollback(checkpoint)
+            return None
         evicted = [t for t in victims if t.status == PodStatus.RELEASING and t.moved is None]
         moved = [t for t in victims if t.moved is not None]
         rejected = self.validator(evicted, moved)

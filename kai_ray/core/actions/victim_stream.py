@@ -251,12 +251,13 @@ class VictimStream:
         return True
 
     def read(self, recorded: list[Task], exhausted: set[str], room: GpuRoom
-             ) -> Iterator[tuple[list[Task], bool]]:
+             ) -> Iterator[tuple[list[list[Task]], bool]]:
         """What `Solver._popped` would yield for `recorded`, without popping again: the
         entries of jobs with a recorded victim are left out and those jobs' units are taken
         anew on the side (as `_popped` does), merged in by key. The first item is the batch
         of victims that cannot make room for `room`'s prefix (quiet: they are added to `room`
-        here), then one entry at a time."""
+        here), then one entry at a time; each item lists its takes apart (a take is what
+        KAI adds to a scenario in one step, and records as one victim group)."""
         recorded_set = {id(t) for t in recorded}
         side: list[tuple[int, int, VictimUnit]] = []
         side_jobs = {id(t.job): t.job for t in recorded}
@@ -273,7 +274,7 @@ class VictimStream:
         heapify(side)
         quiet_until = self._quiet_until(room, recorded, others)
         seq = len(side)
-        batch: list[Task] = []
+        batch: list[list[Task]] = []
         i = 0
         if not side and not exhausted and quiet_until:
             # nothing to merge in: the quiet batch is the entries before `quiet_until` but
@@ -283,9 +284,9 @@ class VictimStream:
             start = 0
             for p in sorted(p for job in side_jobs.values()
                             for p in self.positions.get(id(job), ()) if p < i):
-                batch.extend(chain.from_iterable(self.taken[start:p]))
+                batch.extend(t for t in self.taken[start:p] if t)
                 start = p + 1
-            batch.extend(chain.from_iterable(self.taken[start:i]))
+            batch.extend(t for t in self.taken[start:i] if t)
         while True:
             more = i < len(self.keys) or self._more()
             base_key = self.keys[i] if more else None
@@ -310,15 +311,17 @@ class VictimStream:
             if not taken:
                 continue
             if quiet:
-                batch.extend(taken)
+                batch.append(taken)
                 continue
             if batch:
-                self._count_in(room, batch, quiet_until, recorded, exhausted)
+                self._count_in(room, list(chain.from_iterable(batch)), quiet_until, recorded,
+                               exhausted)
                 yield batch, True
                 batch = []
-            yield taken, False
+            yield [taken], False
         if batch:
-            self._count_in(room, batch, quiet_until, recorded, exhausted)
+            self._count_in(room, list(chain.from_iterable(batch)), quiet_until, recorded,
+                           exhausted)
             yield batch, True
 
     def _count_in(self, room: GpuRoom, batch: list[Task], until: int, recorded: list[Task],

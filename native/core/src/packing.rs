@@ -790,6 +790,9 @@ fn pick(
     let count = sess.nodes.len();
     let mut nodes = Vec::new();
     candidates(sess, req, &mut nodes);
+    if let Some(within) = &sess.node_filter {
+        nodes.retain(|&n| within[n as usize]);
+    }
     if memo.shapes.is_some() && policy == GpuPacking::Lookahead {
         sync_supply(sess, memo);
     }

@@ -455,7 +455,15 @@ pub fn sticky_allowed(sess: &Session, task: usize) -> bool {
     !spread
 }
 
-fn scores(sess: &Session, task: usize, fits: &[bool], fits_idle: &[bool]) -> Vec<f64> {
+/// KAI's node order scores; binpack normalises free amounts over the nodes `within`
+/// (None: every schedulable node).
+fn scores(
+    sess: &Session,
+    task: usize,
+    fits: &[bool],
+    fits_idle: &[bool],
+    within: Option<&[bool]>,
+) -> Vec<f64> {
     let req = sess.tasks[task].req;
     let count = sess.nodes.len();
     let (free, total, spread): (Vec<f64>, Vec<f64>, bool) = if req.wants_gpu() {
@@ -476,7 +484,7 @@ fn scores(sess: &Session, task: usize, fits: &[bool], fits_idle: &[bool]) -> Vec
     } else {
         let mut range: Option<(f64, f64)> = None;
         for n in 0..count {
-            if sess.schedulable[n] && total[n] > 0.0 {
+            if sess.schedulable[n] && total[n] > 0.0 && within.is_none_or(|w| w[n]) {
                 range = Some(match range {
                     None => (free[n], free[n]),
                     Some((lo, hi)) => (lo.min(free[n]), hi.max(free[n])),
@@ -587,6 +595,9 @@ pub fn choose_devices(sess: &mut Session, task: usize, node: i32) -> (Vec<u32>, 
 /// Best node for `task`, or None with the failed-predicate histogram (empty unless
 /// `explain`). A virtually evicted victim is placed like any task.
 pub fn choose(sess: &mut Session, task: usize, explain: bool) -> (Option<Choice>, Reasons) {
+    if let Some(within) = sess.node_filter.clone() {
+        return choose_filtered(sess, task, &within, explain);
+    }
     let req = sess.tasks[task].req;
     if sess.config.gpu_packing != GpuPacking::Kai && req.wants_gpu() {
         // The Python takes no shortcut here: the pass over every node, then the policy among
@@ -631,7 +642,7 @@ pub fn choose(sess: &mut Session, task: usize, explain: bool) -> (Option<Choice>
     let node = if fitting.len() == 1 {
         fitting[0]
     } else {
-        let score = scores(sess, task, &fits, &fits_idle);
+        let score = scores(sess, task, &fits, &fits_idle, None);
         let mut best = fitting[0];
         for &n in &fitting[1..] {
             if score[n] > score[best] {
@@ -641,6 +652,39 @@ pub fn choose(sess: &mut Session, task: usize, explain: bool) -> (Option<Choice>
         best
     };
     (Some(place_on(sess, task, node as i32, fits_idle[node])), Vec::new())
+}
+
+/// `choose`'s pass over every node, kept to the nodes of `within` (a victim scenario's: KAI's
+/// AllocateJob is handed that node list, and binpack normalises over it).
+fn choose_filtered(
+    sess: &mut Session,
+    task: usize,
+    within: &[bool],
+    explain: bool,
+) -> (Option<Choice>, Reasons) {
+    let (mut fits, mut fits_idle, reasons) = feasible(sess, task, explain);
+    for n in 0..fits.len() {
+        fits[n] &= within[n];
+        fits_idle[n] &= within[n];
+    }
+    let fitting: Vec<usize> = (0..fits.len()).filter(|&n| fits[n]).collect();
+    if fitting.is_empty() {
+        return (None, reasons);
+    }
+    let req = sess.tasks[task].req;
+    if sess.config.gpu_packing != GpuPacking::Kai && req.wants_gpu() {
+        if let Some(choice) = packing::choose(sess, task) {
+            return (Some(choice), Vec::new());
+        }
+    }
+    let score = scores(sess, task, &fits, &fits_idle, Some(within));
+    let mut best = fitting[0];
+    for &n in &fitting[1..] {
+        if score[n] > score[best] {
+            best = n;
+        }
+    }
+    (Some(place_on(sess, task, best as i32, fits_idle[best])), Vec::new())
 }
 
 /// The nodes with `gpus` free whole GPUs or more, in binpack walk order (by free GPUs, then

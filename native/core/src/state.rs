@@ -297,6 +297,8 @@ pub struct Session {
     pub undo: Vec<Undo>,
     pub job_errors: FxHashMap<usize, JobError>,
     pub sticky: Option<(Sticky, usize)>,
+    /// the only nodes placement may use while set (a victim scenario's feasible nodes)
+    pub node_filter: Option<Vec<bool>>,
     pub evict_info: FxHashMap<usize, EvictInfo>,
     pub jobs: Vec<JobState>,
     pub job_index: FxHashMap<String, usize>,
@@ -443,6 +445,7 @@ impl Session {
             undo: Vec::new(),
             job_errors: FxHashMap::default(),
             sticky: None,
+            node_filter: None,
             evict_info: FxHashMap::default(),
             jobs: Vec::with_capacity(snap_jobs.len()),
             job_index: FxHashMap::with_capacity_and_hasher(snap_jobs.len(), Default::default()),

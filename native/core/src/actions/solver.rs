@@ -1,6 +1,7 @@
 //! The victim solver shared by reclaim, preempt and consolidation
 //! (kai_ray/core/actions/solver.py). For a pending job it grows prefixes of its
-//! tasks-to-allocate; each prefix starts from the victims recorded for the previous one and adds
+//! tasks-to-allocate; each prefix starts from the victim groups recorded for the previous one (see
+//! `groups_hit`) and adds
 //! potential victims in victim order; every scenario evicts the recorded victims plus the
 //! potential victims of the jobs with one on a node of the latest one (all of them, wherever
 //! they sit), then places the preemptor and the victims again (pipeline only), in the order KAI
@@ -13,7 +14,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::actions::common::place_tasks;
 use crate::actions::gpu_room::{free_into, needs, AllFreed, DevKey, FreeGpus, Freed, GpuRoom};
-use crate::actions::victim_stream::{StreamRead, VictimStream};
+use crate::actions::victim_stream::{StreamRead, Takes, VictimStream};
 use crate::actions::victims::{
     new_unit, take_unrecorded, unit_of, unit_order_number, victim_units,
 };
@@ -428,11 +429,19 @@ pub struct Solver<'a> {
     /// victims for this job
     exhausted: FxHashSet<usize>,
     recorded: RecordedFreed,
+    /// the job's feasible nodes (`feasible_nodes`; None: every node)
+    feasible: Option<Vec<bool>>,
 }
 
 impl<'a> Solver<'a> {
     pub fn new(rules: &'a dyn Rules, scope: Scope) -> Solver<'a> {
-        Solver { rules, scope, exhausted: FxHashSet::default(), recorded: RecordedFreed::default() }
+        Solver {
+            rules,
+            scope,
+            exhausted: FxHashSet::default(),
+            recorded: RecordedFreed::default(),
+            feasible: None,
+        }
     }
 
     /// Try to make room for `job`; on success the winning scenario stays applied.
@@ -451,14 +460,17 @@ impl<'a> Solver<'a> {
         if !cache.all_enough(sess, self.scope, &tasks) {
             return false;
         }
-        let mut recorded: Vec<usize> = Vec::new();
+        self.feasible = feasible_nodes(sess, job);
+        let mut recorded: Vec<Vec<usize>> = Vec::new();
+        let mut actual: Vec<usize> = Vec::new(); // what the last prefix's scenario evicted or moved
         self.recorded = RecordedFreed::default();
         let mut solved = false;
         for k in 1..=tasks.len() {
-            let Some(victims) = self.solve_prefix(sess, cache, job, &tasks[..k], &recorded) else {
+            let Some(found) = self.solve_prefix(sess, cache, job, &tasks[..k], &recorded, &actual)
+            else {
                 break;
             };
-            recorded = victims;
+            (recorded, actual) = found;
             solved = k == tasks.len();
             if !solved {
                 sess.rollback(base);
@@ -471,14 +483,21 @@ impl<'a> Solver<'a> {
         false
     }
 
+    /// The victim groups the next prefix starts from (see `groups_hit`) and the pods the
+    /// winning scenario evicted or moved, or None when no scenario makes room for `prefix`;
+    /// `groups` and `actual` are the previous prefix's.
+    #[allow(clippy::type_complexity)]
     fn solve_prefix(
         &mut self,
         sess: &mut Session,
         cache: &mut VictimCache,
         job: usize,
         prefix: &[usize],
-        recorded: &[usize],
-    ) -> Option<Vec<usize>> {
+        groups: &[Vec<usize>],
+        actual: &[usize],
+    ) -> Option<(Vec<Vec<usize>>, Vec<usize>)> {
+        let recorded: Vec<usize> = groups.iter().flatten().copied().collect();
+        let recorded = &recorded[..];
         let mut room = {
             let free = cache.free.as_mut().expect("free");
             GpuRoom::new(sess, free, prefix)
@@ -489,8 +508,10 @@ impl<'a> Solver<'a> {
             room.adopt(sess, free, &self.recorded.whole, &self.recorded.freed);
         }
         if !recorded.is_empty() && room.enough(sess, cache.free.as_mut().expect("free")) {
-            if let Some(result) = self.try_scenario(sess, job, prefix, recorded) {
-                return Some(result);
+            let nodes = self.nodes(sess, actual, &[]);
+            if let Some(result) = self.try_scenario(sess, job, prefix, recorded, nodes) {
+                let hit = groups_hit(&result, groups.iter().map(|g| &g[..]));
+                return Some((hit, result));
             }
         }
         if !cache.all_enough(sess, self.scope, prefix) {
@@ -524,8 +545,10 @@ impl<'a> Solver<'a> {
         // (those of the quiet batch, which come first, sorted by node only once an entry may be
         // simulated): a scenario on a node takes every potential victim of those jobs, wherever
         // it sits (KAI's ByNodeScenario.VictimsTasksFromNodes)
-        let mut quiet_batch: Vec<usize> = Vec::new();
+        let mut quiet_batch = Takes::default();
+        // the potential victims, take after take (`taken_ends` closes each)
         let mut potential: Vec<usize> = Vec::new();
+        let mut taken_ends: Vec<usize> = Vec::new();
         let mut jobs_on: Option<FxHashMap<i32, FxHashSet<usize>>> = None;
         loop {
             let item = match &mut source {
@@ -540,31 +563,37 @@ impl<'a> Solver<'a> {
                     popped_next(sess, queue, recorded_set, &self.exhausted)
                 }
             };
-            let Some((taken, quiet)) = item else { break };
+            let Some((takes, quiet)) = item else { break };
             if quiet {
-                quiet_batch.extend(taken);
+                for g in takes.groups() {
+                    quiet_batch.push(g);
+                }
                 continue;
             }
             let jobs_on = jobs_on.get_or_insert_with(|| {
                 let mut by_node: FxHashMap<i32, FxHashSet<usize>> = FxHashMap::default();
-                for &t in &quiet_batch {
+                for &t in &quiet_batch.tasks {
                     by_node.entry(sess.tasks[t].node).or_default().insert(sess.tasks[t].job);
                 }
-                potential.extend_from_slice(&quiet_batch);
+                potential.extend_from_slice(&quiet_batch.tasks);
+                taken_ends.extend_from_slice(&quiet_batch.ends);
                 by_node
             });
             {
                 let free = cache.free.as_mut().expect("free");
-                for &t in &taken {
-                    jobs_on.entry(sess.tasks[t].node).or_default().insert(sess.tasks[t].job);
-                    room.add_victim(sess, free, t);
+                for g in takes.groups() {
+                    for &t in g {
+                        jobs_on.entry(sess.tasks[t].node).or_default().insert(sess.tasks[t].job);
+                        room.add_victim(sess, free, t);
+                    }
+                    potential.extend_from_slice(g);
+                    taken_ends.push(potential.len());
                 }
-                potential.extend_from_slice(&taken);
                 if !room.enough(sess, free) {
                     continue; // even every victim so far would not free enough GPUs
                 }
             }
-            let mut nodes: Vec<i32> = taken.iter().map(|&t| sess.tasks[t].node).collect();
+            let mut nodes: Vec<i32> = takes.tasks.iter().map(|&t| sess.tasks[t].node).collect();
             nodes.sort_unstable();
             nodes.dedup();
             for node in nodes {
@@ -575,8 +604,16 @@ impl<'a> Solver<'a> {
                 if !room.enough_with(sess, cache.free.as_mut().expect("free"), &scenario) {
                     continue;
                 }
-                if let Some(result) = self.try_scenario(sess, job, prefix, &scenario) {
-                    return Some(result);
+                let nodes = self.nodes(sess, actual, &scenario[recorded.len()..]);
+                if let Some(result) = self.try_scenario(sess, job, prefix, &scenario, nodes) {
+                    // the takes in the scenario: a take is of one job, so whole or not at all
+                    let starts = std::iter::once(0).chain(taken_ends.iter().copied());
+                    let added = starts
+                        .zip(taken_ends.iter().copied())
+                        .map(|(a, b)| &potential[a..b])
+                        .filter(|g| on_node.contains(&sess.tasks[g[0]].job));
+                    let hit = groups_hit(&result, groups.iter().map(|g| &g[..]).chain(added));
+                    return Some((hit, result));
                 }
             }
         }
@@ -585,12 +622,26 @@ impl<'a> Solver<'a> {
 
     /// Simulate one scenario. On success the state stays applied and the victims that matter
     /// (evicted or moved) are returned.
+    /// A scenario's nodes (KAI's byPodSolver feasibleNodes): the job's feasible nodes, those
+    /// of the previous prefix's victims and those of the scenario's potential victims; None:
+    /// every node.
+    fn nodes(&self, sess: &Session, actual: &[usize], added: &[usize]) -> Option<Vec<bool>> {
+        let mut nodes = self.feasible.clone()?;
+        for &t in actual.iter().chain(added) {
+            if sess.tasks[t].node >= 0 {
+                nodes[sess.tasks[t].node as usize] = true;
+            }
+        }
+        Some(nodes)
+    }
+
     fn try_scenario(
         &mut self,
         sess: &mut Session,
         job: usize,
         prefix: &[usize],
         victims: &[usize],
+        nodes: Option<Vec<bool>>,
     ) -> Option<Vec<usize>> {
         let checkpoint = sess.checkpoint();
         let mut order_jobs = vec![job];
@@ -618,6 +669,7 @@ impl<'a> Solver<'a> {
             );
         }
         let mut order = scenario_queue(sess, &order_jobs);
+        sess.node_filter = nodes;
         // the other jobs with a pending task are skipped (they only shape the order); once
         // every wanted job is placed again nothing else can change (each pops once)
         let mut left = order_jobs.len();
@@ -634,6 +686,7 @@ impl<'a> Solver<'a> {
                     .filter(|&t| sess.tasks[t].status == PodStatus::Pending)
                     .collect();
                 if !place_tasks(sess, job, &pending, true, false) {
+                    sess.node_filter = None;
                     sess.rollback(checkpoint);
                     return None;
                 }
@@ -644,6 +697,7 @@ impl<'a> Solver<'a> {
                 place_tasks(sess, next_job, &again, true, false);
             }
         }
+        sess.node_filter = None;
         let evicted: Vec<usize> = victims
             .iter()
             .copied()
@@ -666,6 +720,42 @@ impl<'a> Solver<'a> {
     }
 }
 
+/// KAI's FeasibleNodesForJob (feasible_nodes.go), the nodes a victim scenario may place on
+/// before its victims' nodes are added (kai_ray/core/actions/solver.py `feasible_nodes`): for
+/// a job all of whose pods ask for a GPU, those whose idle or whose releasing GPUs sum above 0
+/// as KAI's node sums them, in 1/100 of a device; else None (every node).
+fn feasible_nodes(sess: &Session, job: usize) -> Option<Vec<bool>> {
+    if !sess.jobs[job].tasks.iter().all(|&t| sess.tasks[t].req.wants_gpu()) {
+        return None;
+    }
+    Some(
+        (0..sess.nodes.len())
+            .map(|n| {
+                let mut idle = 100 * (sess.cap_gpu[n] - sess.used_gpu[n]);
+                let mut releasing = 100 * sess.rel_gpu[n];
+                for g in &sess.groups[n] {
+                    if g.used > 0 {
+                        idle += 100 - (g.used + 9) / 10;
+                    }
+                    if g.releasing > 0 && g.releasing != g.used + g.pipelined {
+                        releasing += (g.releasing + 9) / 10;
+                    }
+                }
+                idle > 0 || releasing > 0
+            })
+            .collect(),
+    )
+}
+
+/// The groups holding one of `victims` (the pods a scenario evicted or moved): what KAI records
+/// for the next prefix is each such group whole (its victim jobs are the clones made per
+/// `AddPotentialVictimsTasks` call: by_pod_solver.go getVictimJobsFromVictimTasks), so a pod
+/// of one put back where it was is evicted again by the next prefix's scenarios.
+fn groups_hit<'a>(victims: &[usize], groups: impl Iterator<Item = &'a [usize]>) -> Vec<Vec<usize>> {
+    let hit: FxHashSet<usize> = victims.iter().copied().collect();
+    groups.filter(|g| g.iter().any(|t| hit.contains(t))).map(|g| g.to_vec()).collect()
+}
+
 enum Source {
     Stream(StreamRead),
     /// a copy of the scope's victim queue, popped here, and the recorded victims
@@ -680,7 +770,7 @@ fn popped_next(
     queue: &mut JobQueue,
     recorded: &FxHashSet<usize>,
     exhausted: &FxHashSet<usize>,
-) -> Option<(Vec<usize>, bool)> {
+) -> Option<(Takes, bool)> {
     while let Some(unit) = queue.pop(sess) {
         let job = sess.units[unit].job;
         if !exhausted.is_empty()
@@ -694,7 +784,7 @@ fn popped_next(
             queue.push(sess, rest);
         }
         if !taken.is_empty() {
-            return Some((taken, false));
+            return Some((Takes::one(taken), false));
         }
     }
     None

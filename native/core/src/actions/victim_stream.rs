@@ -581,6 +581,36 @@ fn recorded_whole(sess: &Session, units: &FxHashMap<usize, usize>, recorded: &[u
     true
 }
 
+/// Victims as they were taken, one take after another: a take is what KAI adds to a scenario in
+/// one step and records as one victim group (`ends` closes each take in `tasks`).
+#[derive(Default)]
+pub struct Takes {
+    pub tasks: Vec<usize>,
+    pub ends: Vec<usize>,
+}
+
+impl Takes {
+    pub fn one(tasks: Vec<usize>) -> Takes {
+        let ends = vec![tasks.len()];
+        Takes { tasks, ends }
+    }
+
+    pub fn push(&mut self, taken: &[usize]) {
+        self.tasks.extend_from_slice(taken);
+        self.ends.push(self.tasks.len());
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.tasks.is_empty()
+    }
+
+    /// Each take's tasks.
+    pub fn groups(&self) -> impl Iterator<Item = &[usize]> {
+        let starts = std::iter::once(0).chain(self.ends.iter().copied());
+        starts.zip(self.ends.iter().copied()).map(|(a, b)| &self.tasks[a..b])
+    }
+}
+
 /// One prefix's reading of the stream: what popping a copy of the scope's queue would yield
 /// for `recorded`, without popping again. The first item is the batch of victims that cannot
 /// make room for the prefix (quiet: added to the room here), then one entry at a time.
@@ -591,10 +621,10 @@ pub struct StreamRead {
     side_jobs: FxHashSet<usize>,
     quiet_until: usize,
     seq: u64,
-    batch: Vec<usize>,
+    batch: Takes,
     i: usize,
     finished: bool,
-    pending: Option<(Vec<usize>, bool)>,
+    pending: Option<(Takes, bool)>,
 }
 
 impl StreamRead {
@@ -635,7 +665,7 @@ impl StreamRead {
         let seq = side_list.len() as u64;
         let side = BinaryHeap::from(side_list);
         let quiet_until = stream.quiet_until(sess, free, room, recorded, &others);
-        let mut batch = Vec::new();
+        let mut batch = Takes::default();
         let mut i = 0;
         if side.is_empty() && exhausted.is_empty() && quiet_until > 0 {
             // nothing to merge in: the quiet batch is the entries before `quiet_until` but
@@ -650,13 +680,13 @@ impl StreamRead {
             skip.sort_unstable();
             let mut start = 0;
             for p in skip {
-                for entry in &stream.taken[start..p] {
-                    batch.extend_from_slice(entry);
+                for entry in stream.taken[start..p].iter().filter(|e| !e.is_empty()) {
+                    batch.push(entry);
                 }
                 start = p + 1;
             }
-            for entry in &stream.taken[start.min(i)..i] {
-                batch.extend_from_slice(entry);
+            for entry in stream.taken[start.min(i)..i].iter().filter(|e| !e.is_empty()) {
+                batch.push(entry);
             }
         }
         StreamRead {
@@ -682,7 +712,7 @@ impl StreamRead {
         units: &FxHashMap<usize, usize>,
         room: &mut GpuRoom,
         exhausted: &FxHashSet<usize>,
-    ) -> Option<(Vec<usize>, bool)> {
+    ) -> Option<(Takes, bool)> {
         if let Some(item) = self.pending.take() {
             return Some(item);
         }
@@ -728,14 +758,14 @@ impl StreamRead {
                 continue;
             }
             if quiet {
-                self.batch.extend(taken);
+                self.batch.push(&taken);
                 continue;
             }
             if let Some(batch) = self.flush(stream, sess, free, units, room, exhausted) {
-                self.pending = Some((taken, false));
+                self.pending = Some((Takes::one(taken), false));
                 return Some(batch);
             }
-            return Some((taken, false));
+            return Some((Takes::one(taken), false));
         }
         self.finished = true;
         self.flush(stream, sess, free, units, room, exhausted)
@@ -750,7 +780,7 @@ impl StreamRead {
         units: &FxHashMap<usize, usize>,
         room: &mut GpuRoom,
         exhausted: &FxHashSet<usize>,
-    ) -> Option<(Vec<usize>, bool)> {
+    ) -> Option<(Takes, bool)> {
         if self.batch.is_empty() {
             return None;
         }
@@ -760,7 +790,7 @@ impl StreamRead {
             free,
             units,
             room,
-            &batch,
+            &batch.tasks,
             self.quiet_until,
             &self.recorded,
             exhausted,
