@@ -351,9 +351,61 @@ def choose(sess: Session, task: Task, explain: bool = True
     return place_on(sess, task, node, bool(fits_idle[node])), {}
 
 
-def _choose_filtered(sess: Session, task: Task, within: BoolArray, explain: bool
+def _choose_filtered(sess: Session, task: Task, nodes: list[int], explain: bool
                      ) -> tuple[Choice | None, dict[str, int]]:
-    """`choose`'s array path over the nodes of `within` only."""
+    """`choose` over `nodes` alone (in node order): the array path's predicates and scores,
+    node by node, with binpack normalised over `nodes`. A scenario's nodes are few next to
+    the cluster's, so this is cheaper than the array pass."""
+    req = task.req
+    if sess.config.gpu_packing != "kai" and req.wants_gpu:
+        return _choose_masked(sess, task, nodes, explain)
+    fitting = []
+    for node in nodes:
+        fits_here, idle = _feasible_on(sess, task, node)
+        if fits_here:
+            fitting.append((node, idle))
+    if not fitting:
+        return None, feasible(sess, task, explain=True)[2] if explain else {}
+    if len(fitting) == 1:
+        return place_on(sess, task, fitting[0][0], fitting[0][1]), {}
+    at = sess.at
+    cfg = sess.config.placement
+    gpu = req.wants_gpu
+    cap = at.cap_gpu if gpu else at.cap_cpu
+    used = at.used_gpu if gpu else at.used_cpu
+    rel = at.rel_gpu if gpu else at.rel_cpu
+    spread = (cfg.gpu if gpu else cfg.cpu) == "spread"
+    frees = [cap[n] - used[n] + rel[n] for n in nodes if at.schedulable[n] and cap[n] > 0]
+    lo, hi = (float(min(frees)), float(max(frees))) if frees else (0.0, 0.0)
+    bonus = cfg.gpu != "spread" and not req.gpus
+    best: tuple[float, int, bool] | None = None
+    for node, idle in fitting:
+        free, total = float(cap[node] - used[node] + rel[node]), float(cap[node])
+        if total <= 0 or (not spread and not frees):
+            base = 0.0
+        elif spread:
+            base = free / total
+        elif hi == lo:
+            base = 9.0
+        else:
+            base = 9.0 * (1.0 - (free - lo) / (hi - lo))
+        value = base + (100.0 if idle else 0.0)
+        if not gpu:
+            value += 10.0 if at.cap_gpu[node] == 0 else 0.0
+        if bonus:
+            value += 1000.0 * (1.0 if sharing_bonus_on(sess, task, node) else 0.0)
+        if best is None or value > best[0]:
+            best = (value, node, idle)
+    assert best is not None
+    return place_on(sess, task, best[1], best[2]), {}
+
+
+def _choose_masked(sess: Session, task: Task, nodes: list[int], explain: bool
+                   ) -> tuple[Choice | None, dict[str, int]]:
+    """`_choose_filtered` as the array path: the pass over every node, masked to `nodes`
+    (a packing policy's scores need the whole pass; tests compare the two)."""
+    within = np.zeros(len(sess.nodes), dtype=bool)
+    within[nodes] = True
     fits, fits_idle, reasons = feasible(sess, task, explain=explain)
     fits &= within
     fits_idle &= within
@@ -366,6 +418,51 @@ def _choose_filtered(sess: Session, task: Task, within: BoolArray, explain: bool
     score = scores(sess, task, fits, fits_idle, within)
     node = int(np.argmax(np.where(fits, score, -np.inf)))
     return place_on(sess, task, node, bool(fits_idle[node])), {}
+
+
+def _feasible_on(sess: Session, task: Task, node: int) -> tuple[bool, bool]:
+    """`feasible` on one node, predicate for predicate: (fits with releasing, fits on idle).
+    (`fits_node`, the fast paths' test, also wants idle CPU and memory for a request of
+    none.)"""
+    req = task.req
+    at = sess.at
+    if not at.schedulable[node]:
+        return False, False
+    sel = _selector_mask(sess, task)
+    if sel is not None and not sel[node]:
+        return False, False
+    tolerated = _taint_masks(sess, task)[0]
+    if tolerated is not None and not tolerated[node]:
+        return False, False
+    idle = True
+    if req.cpu_m:
+        idle_cpu = at.cap_cpu[node] - at.used_cpu[node]
+        if idle_cpu + at.rel_cpu[node] < req.cpu_m:
+            return False, False
+        idle = idle_cpu >= req.cpu_m
+    if req.memory:
+        idle_mem = at.cap_mem[node] - at.used_mem[node]
+        if idle_mem + at.rel_mem[node] < req.memory:
+            return False, False
+        idle = idle and idle_mem >= req.memory
+    idle_gpu = at.cap_gpu[node] - at.used_gpu[node]
+    if req.gpus:
+        if idle_gpu + at.rel_gpu[node] < req.gpus:
+            return False, False
+        idle = idle and idle_gpu >= req.gpus
+    if at.used_pods[node] + _pod_slots(req) > at.max_pods[node]:
+        return False, False
+    if req.is_shared:
+        if req.gpu_memory_mib and not (at.gpu_mem_synced[node]
+                                       and at.gpu_mem[node] >= req.gpu_memory_mib):
+            return False, False
+        fitting, idle_whole, rel_whole = _shared_candidates(sess, task, node)
+        if len(fitting) + idle_whole + rel_whole < req.fraction_devices:
+            return False, False
+        cost = sess.device_cost(req, node)
+        idle_groups = sum(1 for g in fitting if g.used > 0 and MILLI - g.used - cost >= 0)
+        idle = idle and idle_groups + idle_whole >= req.fraction_devices
+    return True, idle
 
 
 def _whole_candidates(sess: Session, gpus: int) -> tuple[bool, list[int]]:

@@ -519,8 +519,8 @@ class Session:
         self.job_errors: dict[str, JobError] = {}
         # the last placement and the undo length right after it (binpack fast path, common.py)
         self.sticky: tuple[Any, int] | None = None
-        # the only nodes placement may use while set (a victim scenario's feasible nodes)
-        self.node_filter: npt.NDArray[np.bool_] | None = None
+        # the only nodes placement may use while set, in node order (a victim scenario's)
+        self.node_filter: list[int] | None = None
         self.evict_info: dict[int, EvictInfo] = {}
         # what other modules derive from the fixed parts of the snapshot once per session
         # (node masks per selector or toleration, typical shapes), by their own keys

@@ -1,8 +1,9 @@
 """The core's shortcuts must not change a single decision: choosing among the few nodes the GPU
 room index leaves, and walking many by free GPUs for binpack (placement._choose_among,
-_binpack_whole), against scoring every node as arrays; reading a scope's victim stream, carried
-over from state to state (victim_stream.VictimStream), against popping the victim queue anew for
-every prefix. Each cycle is run both ways and compared in full."""
+_binpack_whole), and choosing among a victim scenario's nodes one by one
+(placement._choose_filtered), against scoring every node as arrays; reading a scope's victim
+stream, carried over from state to state (victim_stream.VictimStream), against popping the
+victim queue anew for every prefix. Each cycle is run both ways and compared in full."""
 
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ def _both_ways(snapshot: Snapshot, config: SchedulerConfig, now: float
         patch.setattr(placement, "_FEW", -1)  # every node choice on the array path
         patch.setattr(placement, "_binpack_whole", lambda sess, task, cand: None)
         patch.setattr(placement, "_binpack_fraction", lambda sess, task, cand: None)
+        patch.setattr(placement, "_choose_filtered", placement._choose_masked)
         patch.setattr(solver.VictimCache, "stream", lambda self, sess, scope: None)
         patch.setattr(solver.Solver, "_hopeless", lambda self, tasks: False)
         plain = schedule(snapshot, config, now)

@@ -5,12 +5,10 @@ from __future__ import annotations
 
 from itertools import islice
 
-import numpy as np
-
 from kai_ray.core.actions.allocate import schedulable_jobs
-from kai_ray.core.actions.solver import FailedJobs, Solver
+from kai_ray.core.actions.solver import FailedJobs, Solver, gpu_sums
 from kai_ray.core.ordering import JobQueue, job_request
-from kai_ray.core.state import MILLI, JobState, Session, Task
+from kai_ray.core.state import JobState, Session, Task
 
 
 def _message(task: Task, preemptor: JobState) -> str:
@@ -55,7 +53,7 @@ def run(sess: Session) -> None:
 
 
 def _free_gpus(sess: Session) -> float:
-    """Free whole GPUs plus the free part of shared devices, on schedulable nodes."""
-    free = float(sess.free_gpu()[sess.schedulable].sum())
-    shared_free = np.where(sess.dev_on, MILLI - sess.dev_used + sess.dev_rel, 0)
-    return free + float(shared_free[sess.schedulable].sum()) / MILLI
+    """KAI's allocatable GPUs (IsEnoughGPUsAllocatableForJob): every schedulable node's idle
+    and releasing GPU sums."""
+    idle, releasing = gpu_sums(sess)
+    return float((idle + releasing)[sess.schedulable].sum()) / 100

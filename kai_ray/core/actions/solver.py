@@ -95,24 +95,30 @@ def _live_status(task: Task) -> PodStatus:
     return task.status
 
 
-def feasible_nodes(sess: Session, job: JobState) -> npt.NDArray[np.bool_] | None:
-    """KAI's FeasibleNodesForJob (feasible_nodes.go), the nodes a victim scenario may place
-    on before its victims' nodes are added: for a job all of whose pods ask for a GPU, those
-    whose idle or whose releasing GPUs sum above 0 as KAI's node sums them; else None (every
-    node). Idle: whole idle GPUs plus, per shared device some unpipelined sharer holds, what
-    is left of it (in 1/100, rounded down); releasing: whole releasing GPUs plus, per shared
-    device partly releasing, the releasing part (in 1/100, rounded up). A device only
-    pipelined sharers hold counts in neither (GetSumOfIdleGPUs, GetSumOfReleasingGPUs)."""
-    if not all(t.req.wants_gpu for t in job.tasks):
-        return None
+def gpu_sums(sess: Session) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64]]:
+    """Per node, KAI's idle and releasing GPU sums (GetSumOfIdleGPUs, GetSumOfReleasingGPUs)
+    in 1/100 of a device. Idle: whole idle GPUs plus, per shared device some unpipelined
+    sharer holds, what is left of it (rounded down); releasing: whole releasing GPUs plus, per
+    shared device partly releasing, the releasing part (rounded up). A device only pipelined
+    sharers hold counts in neither."""
     held = sess.dev_on & (sess.dev_used > 0)
     left = np.where(held, 100 - (sess.dev_used + 9) // 10, 0).sum(axis=1)
-    idle = 100 * (sess.cap_gpu - sess.used_gpu) + left
-    releasing = 100 * sess.rel_gpu
+    idle: npt.NDArray[np.int64] = 100 * (sess.cap_gpu - sess.used_gpu) + left
+    releasing: npt.NDArray[np.int64] = 100 * sess.rel_gpu
     for node in np.flatnonzero((sess.dev_on & (sess.dev_rel > 0)).any(axis=1)).tolist():
         for g in sess.groups[node].values():
             if g.releasing > 0 and g.releasing != g.used + g.pipelined:
                 releasing[node] += (g.releasing + 9) // 10
+    return idle, releasing
+
+
+def feasible_nodes(sess: Session, job: JobState) -> npt.NDArray[np.bool_] | None:
+    """KAI's FeasibleNodesForJob (feasible_nodes.go), the nodes a victim scenario may place
+    on before its victims' nodes are added: for a job all of whose pods ask for a GPU, those
+    whose idle or whose releasing GPU sum (`gpu_sums`) is above 0; else None (every node)."""
+    if not all(t.req.wants_gpu for t in job.tasks):
+        return None
+    idle, releasing = gpu_sums(sess)
     nodes: npt.NDArray[np.bool_] = (idle > 0) | (releasing > 0)
     return nodes
 
@@ -496,10 +502,10 @@ class Solver:
             if taken:
                 yield [taken], False
 
-    def _nodes(self, *victims: list[Task]) -> npt.NDArray[np.bool_] | None:
-        """A scenario's nodes (KAI's byPodSolver feasibleNodes): the job's feasible nodes,
-        those of the previous prefix's victims and those of the scenario's potential
-        victims; None: every node."""
+    def _nodes(self, *victims: list[Task]) -> list[int] | None:
+        """A scenario's nodes in node order (KAI's byPodSolver feasibleNodes): the job's
+        feasible nodes, those of the previous prefix's victims and those of the scenario's
+        potential victims; None: every node."""
         if self._feasible is None:
             return None
         nodes = self._feasible.copy()
@@ -507,10 +513,11 @@ class Solver:
             for t in group:
                 if t.node >= 0:
                     nodes[t.node] = True
-        return nodes
+        found: list[int] = np.flatnonzero(nodes).tolist()
+        return found
 
     def _try(self, job: JobState, prefix: list[Task], victims: list[Task],
-             nodes: npt.NDArray[np.bool_] | None) -> list[Task] | None:
+             nodes: list[int] | None) -> list[Task] | None:
         """Simulate one scenario, placing only on `nodes` (None: any). On success the state
         stays applied and the victims that matter (evicted or moved) are returned."""
         sess = self.sess

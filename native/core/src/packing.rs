@@ -791,7 +791,7 @@ fn pick(
     let mut nodes = Vec::new();
     candidates(sess, req, &mut nodes);
     if let Some(within) = &sess.node_filter {
-        nodes.retain(|&n| within[n as usize]);
+        nodes.retain(|&n| within.binary_search(&(n as usize)).is_ok());
     }
     if memo.shapes.is_some() && policy == GpuPacking::Lookahead {
         sync_supply(sess, memo);

@@ -654,37 +654,98 @@ pub fn choose(sess: &mut Session, task: usize, explain: bool) -> (Option<Choice>
     (Some(place_on(sess, task, node as i32, fits_idle[node])), Vec::new())
 }
 
-/// `choose`'s pass over every node, kept to the nodes of `within` (a victim scenario's: KAI's
-/// AllocateJob is handed that node list, and binpack normalises over it).
+/// `choose` over `within` alone (in node order): the pass over every node's predicates and
+/// scores, node by node, with binpack normalised over `within` (a victim scenario's nodes:
+/// KAI's AllocateJob is handed that node list). kai_ray/core/placement.py `_choose_filtered`.
 fn choose_filtered(
     sess: &mut Session,
     task: usize,
-    within: &[bool],
+    within: &[usize],
     explain: bool,
 ) -> (Option<Choice>, Reasons) {
-    let (mut fits, mut fits_idle, reasons) = feasible(sess, task, explain);
-    for n in 0..fits.len() {
-        fits[n] &= within[n];
-        fits_idle[n] &= within[n];
-    }
-    let fitting: Vec<usize> = (0..fits.len()).filter(|&n| fits[n]).collect();
-    if fitting.is_empty() {
-        return (None, reasons);
-    }
     let req = sess.tasks[task].req;
     if sess.config.gpu_packing != GpuPacking::Kai && req.wants_gpu() {
+        let (mut fits, mut fits_idle, reasons) = feasible(sess, task, explain);
+        let mut mask = vec![false; fits.len()];
+        for &n in within {
+            mask[n] = true;
+        }
+        for n in 0..fits.len() {
+            fits[n] &= mask[n];
+            fits_idle[n] &= mask[n];
+        }
+        let fitting: Vec<usize> = (0..fits.len()).filter(|&n| fits[n]).collect();
+        if fitting.is_empty() {
+            return (None, reasons);
+        }
         if let Some(choice) = packing::choose(sess, task) {
             return (Some(choice), Vec::new());
         }
+        let score = scores(sess, task, &fits, &fits_idle, Some(&mask));
+        let mut best = fitting[0];
+        for &n in &fitting[1..] {
+            if score[n] > score[best] {
+                best = n;
+            }
+        }
+        return (Some(place_on(sess, task, best as i32, fits_idle[best])), Vec::new());
     }
-    let score = scores(sess, task, &fits, &fits_idle, Some(within));
-    let mut best = fitting[0];
-    for &n in &fitting[1..] {
-        if score[n] > score[best] {
-            best = n;
+    let mut fitting: Vec<(usize, bool)> = Vec::new();
+    for &n in within {
+        let (fits, idle) = feasible_at(sess, task, n);
+        if fits {
+            fitting.push((n, idle));
         }
     }
-    (Some(place_on(sess, task, best as i32, fits_idle[best])), Vec::new())
+    if fitting.is_empty() {
+        let reasons = if explain { feasible(sess, task, true).2 } else { Vec::new() };
+        return (None, reasons);
+    }
+    if fitting.len() == 1 {
+        let (n, idle) = fitting[0];
+        return (Some(place_on(sess, task, n as i32, idle)), Vec::new());
+    }
+    let gpu = req.wants_gpu();
+    let spread = if gpu { sess.config.gpu_spread } else { sess.config.cpu_spread };
+    let free_total = |s: &Session, n: usize| {
+        if gpu {
+            (s.free_gpu_at(n), s.cap_gpu[n])
+        } else {
+            (s.free_cpu_at(n), s.cap_cpu[n])
+        }
+    };
+    let mut range: Option<(i64, i64)> = None;
+    for &n in within {
+        let (free, total) = free_total(sess, n);
+        if sess.schedulable[n] && total > 0 {
+            range = Some(range.map_or((free, free), |(lo, hi)| (lo.min(free), hi.max(free))));
+        }
+    }
+    let bonus = !sess.config.gpu_spread && req.gpus == 0;
+    let mut best: Option<(f64, usize, bool)> = None;
+    for &(n, idle) in &fitting {
+        let (free, total) = free_total(sess, n);
+        let (free, total) = (free as f64, total as f64);
+        let base = match range {
+            _ if total <= 0.0 => 0.0,
+            _ if spread => free / total,
+            None => 0.0,
+            Some((lo, hi)) if lo == hi => 9.0,
+            Some((lo, hi)) => 9.0 * (1.0 - (free - lo as f64) / (hi as f64 - lo as f64)),
+        };
+        let mut score = base + if idle { 100.0 } else { 0.0 };
+        if !gpu {
+            score += if sess.cap_gpu[n] == 0 { 10.0 } else { 0.0 };
+        }
+        if bonus {
+            score += 1000.0 * if sharing_bonus_on(sess, task, n as i32) { 1.0 } else { 0.0 };
+        }
+        if best.is_none_or(|(s, _, _)| score > s) {
+            best = Some((score, n, idle));
+        }
+    }
+    let (_, n, idle) = best.expect("a fitting node");
+    (Some(place_on(sess, task, n as i32, idle)), Vec::new())
 }
 
 /// The nodes with `gpus` free whole GPUs or more, in binpack walk order (by free GPUs, then

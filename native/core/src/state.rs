@@ -297,8 +297,8 @@ pub struct Session {
     pub undo: Vec<Undo>,
     pub job_errors: FxHashMap<usize, JobError>,
     pub sticky: Option<(Sticky, usize)>,
-    /// the only nodes placement may use while set (a victim scenario's feasible nodes)
-    pub node_filter: Option<Vec<bool>>,
+    /// the only nodes placement may use while set, in node order (a victim scenario's)
+    pub node_filter: Option<Vec<usize>>,
     pub evict_info: FxHashMap<usize, EvictInfo>,
     pub jobs: Vec<JobState>,
     pub job_index: FxHashMap<String, usize>,

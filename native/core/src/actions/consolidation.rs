@@ -2,9 +2,9 @@
 //! preemptible job (kai_ray/core/actions/consolidation.py).
 
 use crate::actions::allocate::schedulable_jobs;
-use crate::actions::solver::{FailedJobs, Rules, Solver, VictimCache};
+use crate::actions::solver::{gpu_sums_at, FailedJobs, Rules, Solver, VictimCache};
 use crate::ordering::{job_request, Items, JobQueue};
-use crate::state::{EvictMessage, Session, MILLI};
+use crate::state::{EvictMessage, Session};
 
 /// FailedJobs' scope for the whole cluster
 const CLUSTER: usize = usize::MAX;
@@ -52,18 +52,17 @@ impl Rules for Consolidation {
 }
 
 /// Free whole GPUs plus the free part of shared devices, on schedulable nodes.
+/// KAI's allocatable GPUs (IsEnoughGPUsAllocatableForJob): every schedulable node's idle and
+/// releasing GPU sums.
 fn free_gpus(sess: &Session) -> f64 {
-    let (mut free, mut shared) = (0i64, 0i64);
+    let mut total = 0i64;
     for n in 0..sess.nodes.len() {
-        if !sess.schedulable[n] {
-            continue;
-        }
-        free += sess.free_gpu_at(n);
-        for g in &sess.groups[n] {
-            shared += MILLI - g.used + g.releasing;
+        if sess.schedulable[n] {
+            let (idle, releasing) = gpu_sums_at(sess, n);
+            total += idle + releasing;
         }
     }
-    free as f64 + shared as f64 / MILLI as f64
+    total as f64 / 100.0
 }
 
 pub fn run(sess: &mut Session) {

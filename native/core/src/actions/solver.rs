@@ -625,14 +625,14 @@ impl<'a> Solver<'a> {
     /// A scenario's nodes (KAI's byPodSolver feasibleNodes): the job's feasible nodes, those
     /// of the previous prefix's victims and those of the scenario's potential victims; None:
     /// every node.
-    fn nodes(&self, sess: &Session, actual: &[usize], added: &[usize]) -> Option<Vec<bool>> {
+    fn nodes(&self, sess: &Session, actual: &[usize], added: &[usize]) -> Option<Vec<usize>> {
         let mut nodes = self.feasible.clone()?;
         for &t in actual.iter().chain(added) {
             if sess.tasks[t].node >= 0 {
                 nodes[sess.tasks[t].node as usize] = true;
             }
         }
-        Some(nodes)
+        Some((0..nodes.len()).filter(|&n| nodes[n]).collect())
     }
 
     fn try_scenario(
@@ -641,7 +641,7 @@ impl<'a> Solver<'a> {
         job: usize,
         prefix: &[usize],
         victims: &[usize],
-        nodes: Option<Vec<bool>>,
+        nodes: Option<Vec<usize>>,
     ) -> Option<Vec<usize>> {
         let checkpoint = sess.checkpoint();
         let mut order_jobs = vec![job];
@@ -720,10 +720,25 @@ impl<'a> Solver<'a> {
     }
 }
 
+/// KAI's idle and releasing GPU sums of node `n` (GetSumOfIdleGPUs, GetSumOfReleasingGPUs)
+/// in 1/100 of a device (kai_ray/core/actions/solver.py `gpu_sums`).
+pub fn gpu_sums_at(sess: &Session, n: usize) -> (i64, i64) {
+    let mut idle = 100 * (sess.cap_gpu[n] - sess.used_gpu[n]);
+    let mut releasing = 100 * sess.rel_gpu[n];
+    for g in &sess.groups[n] {
+        if g.used > 0 {
+            idle += 100 - (g.used + 9) / 10;
+        }
+        if g.releasing > 0 && g.releasing != g.used + g.pipelined {
+            releasing += (g.releasing + 9) / 10;
+        }
+    }
+    (idle, releasing)
+}
+
 /// KAI's FeasibleNodesForJob (feasible_nodes.go), the nodes a victim scenario may place on
-/// before its victims' nodes are added (kai_ray/core/actions/solver.py `feasible_nodes`): for
-/// a job all of whose pods ask for a GPU, those whose idle or whose releasing GPUs sum above 0
-/// as KAI's node sums them, in 1/100 of a device; else None (every node).
+/// before its victims' nodes are added: for a job all of whose pods ask for a GPU, those whose
+/// idle or whose releasing GPU sum is above 0; else None (every node).
 fn feasible_nodes(sess: &Session, job: usize) -> Option<Vec<bool>> {
     if !sess.jobs[job].tasks.iter().all(|&t| sess.tasks[t].req.wants_gpu()) {
         return None;
@@ -731,16 +746,7 @@ fn feasible_nodes(sess: &Session, job: usize) -> Option<Vec<bool>> {
     Some(
         (0..sess.nodes.len())
             .map(|n| {
-                let mut idle = 100 * (sess.cap_gpu[n] - sess.used_gpu[n]);
-                let mut releasing = 100 * sess.rel_gpu[n];
-                for g in &sess.groups[n] {
-                    if g.used > 0 {
-                        idle += 100 - (g.used + 9) / 10;
-                    }
-                    if g.releasing > 0 && g.releasing != g.used + g.pipelined {
-                        releasing += (g.releasing + 9) / 10;
-                    }
-                }
+                let (idle, releasing) = gpu_sums_at(sess, n);
                 idle > 0 || releasing > 0
             })
             .collect(),
