@@ -234,6 +234,53 @@ def test_dev04_case_is_proven_by_its_variant(harness: pathlib.Path,
     assert found == {0: ("kai-bug-discarded-move",)}
 
 
+def test_dev05_case_is_proven_by_its_variant(harness: pathlib.Path,
+                                             variants: kai_fuzz.VariantBinaries,
+                                             tmp_path: pathlib.Path) -> None:
+    """DEV-05's case: stock KAI evicts the recorded victim elastic-3 twice and so takes only two
+    of elastic's pods, leaving queue-a over its limit; kai-ray takes three, and so does KAI
+    that evicts a pod once."""
+    snap = _case("DEV-05")
+    ours = _ours(snap)
+    assert ours.evictions == {"elastic-1", "elastic-2", "elastic-3"}
+    assert all(d.evictions == {"elastic-2", "elastic-3"} and len(d.pipelined) == 3
+               for d in _answers(harness, snap, tmp_path))
+    assert ours in _answers(variants(("kai-bug-double-eviction",)), snap, tmp_path)
+    found = kai_fuzz.attribute({0: snap}, {0: ours}, 3, 12, 1, tmp_path, variants)
+    assert found == {0: ("kai-bug-double-eviction",)}
+
+
+def test_dev06_case_is_proven_by_its_variant(harness: pathlib.Path,
+                                             variants: kai_fuzz.VariantBinaries,
+                                             tmp_path: pathlib.Path) -> None:
+    """DEV-06's case: stock KAI compares dept-b by the queue its stale heap holds on top and
+    binds four; kai-ray binds two, and so does KAI whose heaps are ordered before each pop."""
+    snap = _case("DEV-06")
+    ours = _ours(snap)
+    assert set(ours.binds) == {"small-0", "two-0", "two-1"}
+    assert all(set(d.binds) == {"small-0", "four-0", "four-1", "four-2", "four-3"}
+               for d in _answers(harness, snap, tmp_path))
+    assert ours in _answers(variants(("kai-stale-queue-order",)), snap, tmp_path)
+    found = kai_fuzz.attribute({0: snap}, {0: ours}, 3, 12, 1, tmp_path, variants)
+    assert found == {0: ("kai-stale-queue-order",)}
+
+
+def test_dev07_case_is_proven_by_its_variant(harness: pathlib.Path,
+                                             variants: kai_fuzz.VariantBinaries,
+                                             tmp_path: pathlib.Path) -> None:
+    """DEV-07's case: stock KAI binds frac-0 onto the device gang-1 was allocated and then
+    pipelined to (its stale allocated-memory entry reads as idle); kai-ray pipelines it there,
+    and so does KAI that drops the entry."""
+    snap = _case("DEV-07")
+    ours = _ours(snap)
+    assert ours.pipelined.get("frac-0") == "node0" and not ours.binds
+    assert all(d.binds.get("frac-0", ("",))[0] == "node0"
+               for d in _answers(harness, snap, tmp_path))
+    assert ours in _answers(variants(("kai-stale-shared-gpu-entry",)), snap, tmp_path)
+    found = kai_fuzz.attribute({0: snap}, {0: ours}, 3, 12, 1, tmp_path, variants)
+    assert found == {0: ("kai-stale-shared-gpu-entry",)}
+
+
 def test_dev02_variant_keeps_running_and_pipelined_pods_victims(
         harness: pathlib.Path, variants: kai_fuzz.VariantBinaries,
         tmp_path: pathlib.Path) -> None:

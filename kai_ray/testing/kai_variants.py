@@ -74,6 +74,25 @@ _ROUNDED = _go("""
     return float64(portionAsDecimals*count) / gpuPortionsAsDecimalsRoundingFactor
 """)
 
+_ACTION = "pkg/scheduler/actions/common/action.go"
+_POD_INFO = _go("""
+    "github.com/NVIDIA/KAI-scheduler/pkg/scheduler/api/pod_info"
+""")
+_EVICT_LOOP = _go("""
+    for _, task := range preempteeTasks {
+        message, found := messages[task.UID]
+""")
+
+_PRIORITY_QUEUE = "pkg/scheduler/scheduler_util/priority_queue.go"
+_FIX = "func (q *PriorityQueue) Fix(index int) {\n"
+_NEXT_DEPARTMENT = "\tdepartment := jobsOrder.getNextDepartment()\n"
+
+_UNALLOCATED_SHARER = _go("""
+    ni.AllocatedSharedGPUsMemory[gpuGroup] -= ni.GetResourceGpuMemory(task.ResReq)
+
+    if ni.UsedSharedGPUsMemory[gpuGroup] <= 0 {
+""", depth=2)
+
 _UNPIPELINE = ("\t\t\treturn s.unpipeline(task, previousNode, previousStatus, previousGpuGroup, "
                "previousIsVirtualStatus)\n")
 
@@ -179,6 +198,76 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
                     }
                     return err
                 """, depth=3)),
+        ),
+    ),
+    Variant(
+        name="kai-bug-double-eviction",
+        deviation="DEV-05",
+        why="a recorded victim already evicted in a by-pod scenario is not evicted (and its "
+            "queue not charged off) a second time",
+        edits=(
+            # the scenario's recorded victims are evicted first (by_pod_solver.go:72); the
+            # victims of a node (VictimsTasksFromNodes) hold every task group of a victim job,
+            # the recorded group's clone too, and went through Statement.Evict again, calling
+            # the proportion plugin's DeallocateFunc a second time for the same pod. The pod
+            # the session holds is already Releasing then: skip it
+            Edit(_ACTION, _POD_INFO, _POD_INFO + _go("""
+                    "github.com/NVIDIA/KAI-scheduler/pkg/scheduler/api/pod_status"
+                """)),
+            Edit(_ACTION, _EVICT_LOOP, _go("""
+                    for _, task := range preempteeTasks {
+                        if held, ok := ssn.PodGroupInfos[task.Job].GetAllPodsMap()[task.UID]; ok &&
+                            held.Status == pod_status.Releasing {
+                            continue // kai-ray variant DEV-05: evicted already
+                        }
+                        message, found := messages[task.UID]
+                """)),
+        ),
+    ),
+    Variant(
+        name="kai-stale-queue-order",
+        deviation="DEV-06",
+        why="each job is popped from queues and departments ordered as they stand now (KAI "
+            "v0.12.0 re-sorts only the top of each heap, lazily)",
+        edits=(
+            Edit(_PRIORITY_QUEUE, _FIX, _go("""
+                // KaiRayReinit orders the whole heap again (kai-ray variant DEV-06).
+                func (q *PriorityQueue) KaiRayReinit() {
+                    heap.Init(&q.queue)
+                }
+
+            """, depth=0) + _FIX),
+            # PopNextJob re-sorts only a heap's top element, and only on the next visit: a
+            # department compared with another uses the queue its heap held on top when that
+            # queue last gave a job, whose head job has changed since. Every heap is ordered
+            # again before each pop, the queues' first (the departments' order reads them)
+            Edit("pkg/scheduler/actions/utils/job_order_by_queue.go", _NEXT_DEPARTMENT, _go("""
+                    for _, metadata := range jobsOrder.departmentIdToDepartmentMetadata {
+                        metadata.queuesPriorityQueue.KaiRayReinit() // kai-ray variant DEV-06
+                    }
+                    jobsOrder.activeDepartments.KaiRayReinit()
+                """) + _NEXT_DEPARTMENT),
+        ),
+    ),
+    Variant(
+        name="kai-stale-shared-gpu-entry",
+        deviation="DEV-07",
+        why="a device left with only pipelined sharers is not idle for the next fraction, "
+            "however its last allocated sharer left (KAI v0.12.0 keeps an allocated-memory "
+            "entry of 0 when an allocated sharer is taken off, and counts it as idle)",
+        edits=(
+            # EnoughIdleResourcesOnGpu tells a device only pipelined pods share by its missing
+            # AllocatedSharedGPUsMemory entry; an allocated sharer taken off (allocate's
+            # re-pipelining of a gang, an undone allocation) left the entry behind at 0
+            Edit("pkg/scheduler/api/node_info/gpu_sharing_node_info.go", _UNALLOCATED_SHARER,
+                 _go("""
+                    ni.AllocatedSharedGPUsMemory[gpuGroup] -= ni.GetResourceGpuMemory(task.ResReq)
+                    if ni.AllocatedSharedGPUsMemory[gpuGroup] == 0 {
+                        delete(ni.AllocatedSharedGPUsMemory, gpuGroup) // kai-ray variant DEV-07
+                    }
+
+                    if ni.UsedSharedGPUsMemory[gpuGroup] <= 0 {
+                """, depth=2)),
         ),
     ),
 )}
