@@ -200,6 +200,40 @@ def fits_node(sess: Session, task: Task, node: int) -> tuple[bool, bool]:
     return True, idle
 
 
+def _available(sess: Session, task: Task) -> BoolArray:
+    """Over all nodes, `shown_idle` for a shared-GPU task (see `available_on`)."""
+    req = task.req
+    ok = ((sess.cap_cpu - sess.used_cpu >= req.cpu_m)
+          & (sess.cap_mem - sess.used_mem >= req.memory))
+    cost = _cost_vector(sess, task)[:, None]
+    live = sess.dev_on & (sess.dev_rel < sess.dev_used)
+    fit = live & (MILLI - sess.dev_used + sess.dev_rel - cost >= 0)
+    available: BoolArray = ok & (fit.sum(axis=1) + sess.cap_gpu - sess.used_gpu
+                                 >= req.fraction_devices)
+    return available
+
+
+def available_on(sess: Session, task: Task, node: int) -> bool:
+    """KAI's nodeavailability score (+100, IsTaskAllocatable) for a shared-GPU task: its CPU
+    and memory fit on idle resources and, per device it asks, there is an idle whole GPU or a
+    shared device it fits on with the releasing room counted
+    (fractionTaskGpusAllocatableDeviceCount, node_info.go:327-348). Placing it on idle
+    resources (bound, not pipelined) counts only a device's idle room."""
+    at = sess.at
+    req = task.req
+    if (at.cap_cpu[node] - at.used_cpu[node] < req.cpu_m
+            or at.cap_mem[node] - at.used_mem[node] < req.memory):
+        return False
+    fitting, idle_whole, _ = _shared_candidates(sess, task, node)
+    return len(fitting) + idle_whole >= req.fraction_devices
+
+
+def shown_idle(sess: Session, task: Task, node: int, idle: bool) -> bool:
+    """Whether `node` scores +100 for fitting on idle resources, `idle` the placement's own
+    test there: the same but for a shared-GPU task (`available_on`)."""
+    return available_on(sess, task, node) if task.req.is_shared else idle
+
+
 def sharing_bonus_on(sess: Session, task: Task, node: int) -> bool:
     if sess.config.placement.gpu == "spread" or task.req.gpus:
         return False
@@ -250,6 +284,8 @@ def scores(sess: Session, task: Task, fits: BoolArray, fits_idle: BoolArray,
         else:
             base = np.zeros(len(free))
         base = np.where(has, base, 0.0)
+    if req.is_shared:
+        fits_idle = fits & _available(sess, task)  # KAI's availability score (available_on)
     score = base + np.where(fits_idle, 100.0, 0.0)
     if not req.wants_gpu:
         score += np.where(sess.cap_gpu == 0, 10.0, 0.0)
@@ -389,7 +425,7 @@ def _choose_filtered(sess: Session, task: Task, nodes: list[int], explain: bool
             base = 9.0
         else:
             base = 9.0 * (1.0 - (free - lo) / (hi - lo))
-        value = base + (100.0 if idle else 0.0)
+        value = base + (100.0 if shown_idle(sess, task, node, idle) else 0.0)
         if not gpu:
             value += 10.0 if at.cap_gpu[node] == 0 else 0.0
         if bonus:
@@ -543,16 +579,17 @@ def _walk(sess: Session, task: Task, order: list[int], idle_after: Callable[[int
     (choice, settled): not settled when the first _FEW nodes in that order leave it open;
     settled with no choice when no node fits."""
     first_fit = None
+    first_idle = False
     for j, node in enumerate(order[:_FEW]):
         fits, idle = fits_node(sess, task, node)
-        if fits and idle:
-            return place_on(sess, task, node, True), True
+        if fits and shown_idle(sess, task, node, idle):
+            return place_on(sess, task, node, idle), True
         if fits and first_fit is None:
-            first_fit = node
+            first_fit, first_idle = node, idle
             if not idle_after(j + 1):
-                return place_on(sess, task, node, False), True  # nothing after it can win
+                return place_on(sess, task, node, idle), True  # nothing after it can win
     if first_fit is not None and not idle_after(_FEW):
-        return place_on(sess, task, first_fit, False), True
+        return place_on(sess, task, first_fit, first_idle), True
     return None, first_fit is None and not more
 
 
@@ -573,10 +610,10 @@ def _may_fit_on_idle(sess: Session, task: Task, nodes: npt.NDArray[np.intp]) -> 
     req = task.req
     if req.gpus:
         return bool((idle_whole >= req.gpus).any())
+    # (for a fraction, KAI's availability score: devices it fits on, releasing room counted)
     used, rel, cost = sess.dev_used[nodes], sess.dev_rel[nodes], req.gpu_fraction_milli
     fit = sess.dev_on[nodes] & (rel < used) & (MILLI - used + rel - cost >= 0)
-    idle_groups = (fit & (used > 0) & (MILLI - used - cost >= 0)).sum(axis=1)
-    return bool((idle_whole + idle_groups >= req.fraction_devices).any())
+    return bool((idle_whole + fit.sum(axis=1) >= req.fraction_devices).any())
 
 
 def _binpack_fraction(sess: Session, task: Task, cand: npt.NDArray[np.intp]) -> Choice | None:
@@ -625,7 +662,7 @@ def _choose_among(sess: Session, task: Task, nodes: list[int], explain: bool
             base = 9.0
         else:
             base = 9.0 * (1.0 - (free - lo) / (hi - lo))
-        score = base + (100.0 if idle else 0.0)
+        score = base + (100.0 if shown_idle(sess, task, node, idle) else 0.0)
         if bonus:
             score += 1000.0 * (1.0 if sharing_bonus_on(sess, task, node) else 0.0)
         if best is None or score > best[0]:

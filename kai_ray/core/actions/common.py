@@ -46,7 +46,8 @@ def place_tasks(sess: Session, job: JobState, tasks: list[Task], pipeline_only: 
         return False
     checkpoint = sess.checkpoint()
     placed: list[Task] = []
-    # previous task, its node, whether it fit on idle resources, its node's sharing bonus; it
+    # previous task, its node, whether it scored for fitting on idle resources
+    # (placement.shown_idle), its node's sharing bonus; it
     # carries over from the previous job when nothing else changed since (same undo length)
     last: tuple[Task, int, bool, bool] | None = None
     if sess.sticky is not None and sess.sticky[1] == len(sess.undo):
@@ -57,7 +58,8 @@ def place_tasks(sess: Session, job: JobState, tasks: list[Task], pipeline_only: 
                 and placement.sticky_allowed(sess, task)):
             node = last[1]
             fits, idle = placement.fits_node(sess, task, node)
-            if fits and idle == last[2] and placement.sharing_bonus_on(sess, task, node) >= last[3]:
+            if (fits and placement.shown_idle(sess, task, node, idle) == last[2]
+                    and placement.sharing_bonus_on(sess, task, node) >= last[3]):
                 choice = placement.place_on(sess, task, node, idle)
         if choice is None:
             choice, reasons = placement.choose(sess, task, explain=record)
@@ -68,7 +70,8 @@ def place_tasks(sess: Session, job: JobState, tasks: list[Task], pipeline_only: 
                                  gang_message(job, len(placed), len(tasks), task, reasons),
                                  reasons)
                 return False
-        last = (task, choice.node, choice.on_idle,
+        last = (task, choice.node,
+                placement.shown_idle(sess, task, choice.node, choice.on_idle),
                 placement.sharing_bonus_on(sess, task, choice.node))
         pipelined = pipeline_only or not choice.on_idle
         sess.allocate(task, choice.node, choice.groups, pipelined=pipelined)

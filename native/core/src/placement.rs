@@ -361,7 +361,7 @@ fn place_best(
         } else {
             9.0 * (1.0 - (free - lo as f64) / (hi as f64 - lo as f64))
         };
-        let mut score = base + if idle { 100.0 } else { 0.0 };
+        let mut score = base + if shown_idle(sess, task, node, idle) { 100.0 } else { 0.0 };
         if bonus {
             score += 1000.0 * if bonus_of(sess, task, node) { 1.0 } else { 0.0 };
         }
@@ -431,6 +431,33 @@ pub fn fits_node(sess: &mut Session, task: usize, node: i32) -> (bool, bool) {
         return (true, idle && idle_groups + idle_whole >= req.fraction_devices);
     }
     (true, idle)
+}
+
+/// KAI's nodeavailability score (+100, IsTaskAllocatable) for a shared-GPU task: its CPU and
+/// memory fit on idle resources and, per device it asks, there is an idle whole GPU or a shared
+/// device it fits on with the releasing room counted (fractionTaskGpusAllocatableDeviceCount).
+/// Placing it on idle resources counts only a device's idle room
+/// (kai_ray/core/placement.py `available_on`).
+fn available_on(sess: &Session, task: usize, node: i32) -> bool {
+    let n = node as usize;
+    let req = &sess.tasks[task].req;
+    if sess.cap_cpu[n] - sess.used_cpu[n] < req.cpu_m
+        || sess.cap_mem[n] - sess.used_mem[n] < req.memory
+    {
+        return false;
+    }
+    let (fitting, idle_whole, _) = shared_candidates(sess, task, node);
+    fitting.len() as i64 + idle_whole >= req.fraction_devices
+}
+
+/// Whether `node` scores +100 for fitting on idle resources, `idle` the placement's own test
+/// there: the same but for a shared-GPU task (`available_on`).
+pub fn shown_idle(sess: &Session, task: usize, node: i32, idle: bool) -> bool {
+    if sess.tasks[task].req.is_shared() {
+        available_on(sess, task, node)
+    } else {
+        idle
+    }
 }
 
 pub fn sharing_bonus_on(sess: &Session, task: usize, node: i32) -> bool {
@@ -507,9 +534,13 @@ fn scores(
         }
     };
     let bonus = !sess.config.gpu_spread && req.gpus == 0;
+    let shared = req.is_shared();
     (0..count)
         .map(|n| {
-            let mut score = base[n] + if fits_idle[n] { 100.0 } else { 0.0 };
+            // KAI's availability score (`available_on`)
+            let idle =
+                if shared { fits[n] && available_on(sess, task, n as i32) } else { fits_idle[n] };
+            let mut score = base[n] + if idle { 100.0 } else { 0.0 };
             if !req.wants_gpu() {
                 score += if sess.cap_gpu[n] == 0 { 10.0 } else { 0.0 };
             }
@@ -733,7 +764,7 @@ fn choose_filtered(
             Some((lo, hi)) if lo == hi => 9.0,
             Some((lo, hi)) => 9.0 * (1.0 - (free - lo as f64) / (hi as f64 - lo as f64)),
         };
-        let mut score = base + if idle { 100.0 } else { 0.0 };
+        let mut score = base + if shown_idle(sess, task, n as i32, idle) { 100.0 } else { 0.0 };
         if !gpu {
             score += if sess.cap_gpu[n] == 0 { 10.0 } else { 0.0 };
         }
@@ -842,22 +873,22 @@ fn walk(
     how: &IdleAfter<'_>,
     more: bool,
 ) -> (Option<Choice>, bool) {
-    let mut first_fit: Option<i32> = None;
+    let mut first_fit: Option<(i32, bool)> = None;
     for (j, &node) in order.iter().take(FEW).enumerate() {
         let (fits, idle) = fits_node(sess, task, node);
-        if fits && idle {
-            return (Some(place_on(sess, task, node, true)), true);
+        if fits && shown_idle(sess, task, node, idle) {
+            return (Some(place_on(sess, task, node, idle)), true);
         }
         if fits && first_fit.is_none() {
-            first_fit = Some(node);
+            first_fit = Some((node, idle));
             if !idle_after(sess, task, how, j + 1) {
-                return (Some(place_on(sess, task, node, false)), true);
+                return (Some(place_on(sess, task, node, idle)), true);
             }
         }
     }
-    if let Some(node) = first_fit {
+    if let Some((node, idle)) = first_fit {
         if !idle_after(sess, task, how, FEW) {
-            return (Some(place_on(sess, task, node, false)), true);
+            return (Some(place_on(sess, task, node, idle)), true);
         }
     }
     (None, first_fit.is_none() && !more)
@@ -880,15 +911,15 @@ fn may_fit_on_idle(sess: &Session, task: usize, nodes: &[i32]) -> bool {
         if req.gpus != 0 {
             return idle_whole >= req.gpus;
         }
-        let idle_groups = sess.groups[n]
+        // (for a fraction, KAI's availability score: devices it fits on, releasing room
+        // counted)
+        let fit_groups = sess.groups[n]
             .iter()
             .filter(|g| {
-                g.releasing < g.used
-                    && MILLI - g.used + g.releasing - req.gpu_fraction_milli >= 0
-                    && idle_room(g, req.gpu_fraction_milli)
+                g.releasing < g.used && MILLI - g.used + g.releasing - req.gpu_fraction_milli >= 0
             })
             .count() as i64;
-        idle_whole + idle_groups >= req.fraction_devices
+        idle_whole + fit_groups >= req.fraction_devices
     })
 }
 

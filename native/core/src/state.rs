@@ -229,6 +229,7 @@ impl Undo {
 pub struct Sticky {
     pub task: usize,
     pub node: i32,
+    /// whether it scored for fitting on idle resources (`placement::shown_idle`)
     pub on_idle: bool,
     pub bonus: bool,
 }

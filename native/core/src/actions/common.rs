@@ -82,7 +82,7 @@ pub fn place_tasks(
                 let node = prev.node;
                 let (fits, idle) = placement::fits_node(sess, task, node);
                 if fits
-                    && idle == prev.on_idle
+                    && placement::shown_idle(sess, task, node, idle) == prev.on_idle
                     && placement::sharing_bonus_on(sess, task, node) >= prev.bonus
                 {
                     choice = Some(placement::place_on(sess, task, node, idle));
@@ -110,7 +110,7 @@ pub fn place_tasks(
         let sticky = Sticky {
             task,
             node: choice.node,
-            on_idle: choice.on_idle,
+            on_idle: placement::shown_idle(sess, task, choice.node, choice.on_idle),
             bonus: placement::sharing_bonus_on(sess, task, choice.node),
         };
         last = Some(sticky);
