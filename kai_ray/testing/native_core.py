@@ -13,6 +13,7 @@ The image builds the same module into its wheel (setup.py, KAI_RAY_NATIVE=1).
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import shutil
@@ -77,26 +78,34 @@ def build(log: Callable[[str], None] = print) -> Path:
         os.utime(final)
         return final
     target = root / "native-target"
-    log(f"building the native core (cargo, {NATIVE}) into {final}")
-    env = {**os.environ, "CARGO_TARGET_DIR": str(target), "PYO3_PYTHON": sys.executable}
-    proc = subprocess.run([_cargo(), "build", "--release", "--locked", "-p", "kai-ray-native"],
-                          cwd=NATIVE, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        errors = [line for line in proc.stderr.splitlines() if line.startswith("error")]
-        raise RuntimeError(f"building the native core failed (cargo exit {proc.returncode}):\n"
-                           + "\n".join(errors or proc.stderr.splitlines()[-30:]))
-    library = next((target / "release" / f"lib{MODULE}{suffix}" for suffix in (".so", ".dylib")
-                    if (target / "release" / f"lib{MODULE}{suffix}").is_file()), None)
-    if library is None:
-        raise RuntimeError(f"cargo built no lib{MODULE} in {target / 'release'}")
+    target.mkdir(parents=True, exist_ok=True)
     final.parent.mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="build-", dir=final.parent))
-    try:
-        shutil.copy2(library, work / f"{MODULE}.so")
-        publish(work, final, _MARKER, source_hash())
-    finally:
-        if work.exists():
-            shutil.rmtree(work, ignore_errors=True)
+    # one build at a time per target directory, held until the library is copied: another
+    # checkout building there could otherwise replace it between cargo and the copy, and its
+    # code would be kept under this source's hash
+    with open(target / ".kai-ray-build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if (final / _MARKER).is_file():
+            return final  # built meanwhile
+        log(f"building the native core (cargo, {NATIVE}) into {final}")
+        env = {**os.environ, "CARGO_TARGET_DIR": str(target), "PYO3_PYTHON": sys.executable}
+        proc = subprocess.run([_cargo(), "build", "--release", "--locked", "-p", "kai-ray-native"],
+                              cwd=NATIVE, env=env, capture_output=True, text=True)
+        if proc.returncode != 0:
+            errors = [line for line in proc.stderr.splitlines() if line.startswith("error")]
+            raise RuntimeError(f"building the native core failed (cargo exit {proc.returncode}):\n"
+                               + "\n".join(errors or proc.stderr.splitlines()[-30:]))
+        library = next((target / "release" / f"lib{MODULE}{suffix}" for suffix in (".so", ".dylib")
+                        if (target / "release" / f"lib{MODULE}{suffix}").is_file()), None)
+        if library is None:
+            raise RuntimeError(f"cargo built no lib{MODULE} in {target / 'release'}")
+        work = Path(tempfile.mkdtemp(prefix="build-", dir=final.parent))
+        try:
+            shutil.copy2(library, work / f"{MODULE}.so")
+            publish(work, final, _MARKER, source_hash())
+        finally:
+            if work.exists():
+                shutil.rmtree(work, ignore_errors=True)
     prune(final.parent, keep=final, marker=_MARKER)
     return final
 
