@@ -437,10 +437,12 @@ def scenario_queue(sess: Session, wanted: list[JobState], pending: PendingOrder 
         for i, (number, _, job) in enumerate(heap):
             seq += 1
             heap[i] = (number, seq, job)
-    queue = JobQueue(sess, (), simulation=True, heaps=heaps)
-    asked = [0.0, 0.0, 0.0]
+    order: JobQueue[JobState] = JobQueue(sess, (), simulation=True, heaps=heaps)
+    cpu = mem = gpu = 0.0
     for task in prefix:
         amount = sess.pending_queue_amount(task.req)
-        asked = [asked[0] + amount[0], asked[1] + amount[1], asked[2] + amount[2]]
-    queue.request_of = (wanted[0], (asked[0], asked[1], asked[2]))
-    return queue
+        cpu += amount[0]
+        mem += amount[1]
+        gpu += amount[2]
+    order.request_of = (wanted[0], (cpu, mem, gpu))
+    return order
