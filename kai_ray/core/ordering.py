@@ -141,6 +141,8 @@ class JobQueue(Generic[E]):
         self.sess = sess
         self.reverse = reverse
         self.simulation = simulation
+        # a job compared by another request than its own (a victim scenario's preemptor)
+        self.request_of: tuple[JobState, tuple[float, float, float]] | None = None
         # per leaf queue, the victim amounts of the items popped from it (victim order only)
         self.popped: dict[str, tuple[float, float, float]] = {}
         # popped victim items not yet in `popped`: it only matters when two queues are
@@ -169,6 +171,7 @@ class JobQueue(Generic[E]):
         other.popped = dict(self.popped)
         other.untaken = list(self.untaken)
         other.reachable = self.reachable
+        other.request_of = self.request_of
         return other
 
     def discard(self, items: Iterable[E]) -> None:
@@ -210,6 +213,8 @@ class JobQueue(Generic[E]):
         # victims are compared on what their queue holds, not on what they still want
         if self.reverse:
             return (0.0, 0.0, 0.0)
+        if self.request_of is not None and item.job is self.request_of[0]:
+            return self.request_of[1]
         return job_request(self.sess, item.job, self.simulation)
 
     def _best_in(self, queue: str, memo: dict[str, E | None]) -> E | None:
@@ -370,14 +375,16 @@ class PendingOrder:
         del jobs[at]
 
 
-def scenario_queue(sess: Session, wanted: list[JobState], pending: PendingOrder | None
-                   ) -> JobQueue[JobState]:
+def scenario_queue(sess: Session, wanted: list[JobState], pending: PendingOrder | None,
+                   prefix: list[Task]) -> JobQueue[JobState]:
     """The order in which a victim scenario places its preemptor and victims again (`wanted`,
-    distinct, as they are once the victims are evicted). KAI pops them from a queue over every
-    job with a pending task (GetJobsToAllocate); it skips the others, but while one of them is
-    the first of its queue it is what that queue is compared by. `pending` holds those others
-    as they were before the scenario (it changes only the wanted jobs); it is needed only when
-    the wanted jobs are in more than one queue.
+    distinct, as they are once the victims are evicted; the preemptor first). KAI pops them
+    from a queue over every job with a pending task (GetJobsToAllocate); it skips the others,
+    but while one of them is the first of its queue it is what that queue is compared by.
+    `pending` holds those others as they were before the scenario (it changes only the wanted
+    jobs); it is needed only when the wanted jobs are in more than one queue. The preemptor
+    is compared by what its `prefix` asks: KAI puts in its place the partial job of the prefix
+    (job_solver.go getPartialJobRepresentative, action.go GetJobsToAllocate).
 
     Only the jobs that can change which wanted job pops next are taken: a subtree without a
     wanted job matters only through its parent's best job, and that only where the parent
@@ -430,4 +437,12 @@ def scenario_queue(sess: Session, wanted: list[JobState], pending: PendingOrder 
         for i, (number, _, job) in enumerate(heap):
             seq += 1
             heap[i] = (number, seq, job)
-    return JobQueue(sess, (), simulation=True, heaps=heaps)
+    order: JobQueue[JobState] = JobQueue(sess, (), simulation=True, heaps=heaps)
+    cpu = mem = gpu = 0.0
+    for task in prefix:
+        amount = sess.pending_queue_amount(task.req)
+        cpu += amount[0]
+        mem += amount[1]
+        gpu += amount[2]
+    order.request_of = (wanted[0], (cpu, mem, gpu))
+    return order

@@ -531,7 +531,7 @@ class Solver:
             sess.evict(task)
             sess.evict_info[task.idx] = EvictInfo(self.action, job.name,
                                                   partial(self.message, task, job))
-        order = scenario_queue(sess, [job, *victim_jobs], others)
+        order = scenario_queue(sess, [job, *victim_jobs], others, prefix)
         sess.node_filter = nodes
         try:
             placed = self._place_again(job, prefix, victim_jobs, order)

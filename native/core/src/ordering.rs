@@ -143,6 +143,8 @@ pub struct JobQueue {
     pub items: Items,
     pub reverse: bool,
     pub simulation: bool,
+    /// a job compared by another request than its own (a victim scenario's preemptor)
+    pub request_of: Option<(usize, Amounts)>,
     /// per leaf queue, the victim amounts of the items popped from it (victim order only)
     popped: FxHashMap<usize, Amounts>,
     /// popped victim items not yet in `popped` (only needed when two queues are compared)
@@ -166,6 +168,7 @@ impl JobQueue {
             items,
             reverse,
             simulation,
+            request_of: None,
             popped: FxHashMap::default(),
             untaken: Vec::new(),
             heaps: Vec::new(),
@@ -194,6 +197,7 @@ impl JobQueue {
             items,
             reverse,
             simulation: false,
+            request_of: None,
             popped: FxHashMap::default(),
             untaken: Vec::new(),
             heaps: Vec::new(),
@@ -298,7 +302,11 @@ impl JobQueue {
         if self.reverse {
             return ZERO;
         }
-        job_request(sess, self.job_of(sess, item), self.simulation)
+        let job = self.job_of(sess, item);
+        match self.request_of {
+            Some((of, asked)) if of == job => asked,
+            _ => job_request(sess, job, self.simulation),
+        }
     }
 
     fn reachable(sess: &Session, key: usize) -> bool {
@@ -524,12 +532,14 @@ impl PendingOrder {
 }
 
 /// The order in which a victim scenario places its preemptor and victims again (`wanted`,
-/// distinct, as they are once the victims are evicted): ordering.py `scenario_queue`. KAI pops
-/// them from a queue over every job with a pending task (GetJobsToAllocate) and skips the
-/// others, but while one of them is the first of its queue it is what that queue is compared
-/// by. `sess.pending_order` holds those others as they were before the scenario (synced by the
-/// caller when the wanted jobs are in more than one queue, the only case that reads it).
-pub fn scenario_queue(sess: &mut Session, wanted: &[usize]) -> JobQueue {
+/// distinct, as they are once the victims are evicted; the preemptor first): ordering.py
+/// `scenario_queue`. KAI pops them from a queue over every job with a pending task
+/// (GetJobsToAllocate) and skips the others, but while one of them is the first of its queue it
+/// is what that queue is compared by. `sess.pending_order` holds those others as they were
+/// before the scenario (synced by the caller when the wanted jobs are in more than one queue,
+/// the only case that reads it). The preemptor is compared by what its `prefix` asks: KAI puts
+/// in its place the partial job of the prefix (job_solver.go getPartialJobRepresentative).
+pub fn scenario_queue(sess: &mut Session, wanted: &[usize], prefix: &[usize]) -> JobQueue {
     let mut entries: Vec<(usize, (i64, u64, usize))> = Vec::with_capacity(wanted.len());
     // per queue key: its last wanted job's number, in the order first seen
     let mut last: Vec<(usize, i64)> = Vec::new();
@@ -602,5 +612,11 @@ pub fn scenario_queue(sess: &mut Session, wanted: &[usize]) -> JobQueue {
     }
     let mut queue = JobQueue::prebuilt(Items::Jobs, false, entries);
     queue.simulation = true;
+    let mut asked = ZERO;
+    for &task in prefix {
+        let amount = pending_queue_amount(&sess.tasks[task].req);
+        asked = [asked[0] + amount[0], asked[1] + amount[1], asked[2] + amount[2]];
+    }
+    queue.request_of = Some((wanted[0], asked));
     queue
 }

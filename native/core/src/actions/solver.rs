@@ -668,7 +668,7 @@ impl<'a> Solver<'a> {
                 },
             );
         }
-        let mut order = scenario_queue(sess, &order_jobs);
+        let mut order = scenario_queue(sess, &order_jobs, prefix);
         sess.node_filter = nodes;
         // the other jobs with a pending task are skipped (they only shape the order); once
         // every wanted job is placed again nothing else can change (each pops once)
