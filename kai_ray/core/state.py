@@ -349,13 +349,18 @@ class Group:
     ones included; KAI's AllocatedSharedGPUsMemory), `releasing` the releasing ones less the
     pipelined ones (KAI's ReleasingSharedGPUsMemory: may be negative), `pipelined` what the
     pipelined ones take. So the room, `MILLI - used + releasing`, counts every sharer once,
-    and `used + pipelined` is all of them (KAI's UsedSharedGPUsMemory)."""
+    and `used + pipelined` is all of them (KAI's UsedSharedGPUsMemory). `from_idle`: an
+    unpipelined sharer opened the device, so KAI took it from the idle GPUs
+    (gpu_sharing_node_info.go:120-127) and gives it back only once no sharer at all is left
+    (:212-217): pipelined sharers alone then keep it out of idle; one a pipelined sharer
+    opened is taken from releasing (:113-119)."""
 
-    __slots__ = ("gid", "pipelined", "releasing", "tasks", "used")
+    __slots__ = ("from_idle", "gid", "pipelined", "releasing", "tasks", "used")
 
     def __init__(self, gid: str, used: int = 0, releasing: int = 0) -> None:
         self.gid, self.used, self.releasing = gid, used, releasing
         self.pipelined = 0
+        self.from_idle = False
         self.tasks: set[int] = set()
 
 
@@ -667,7 +672,7 @@ class Session:
             at.used_mem[node] = at.used_mem[node] + req.memory
             at.used_pods[node] = at.used_pods[node] + 1
             if req.wants_gpu:  # (a pod without GPUs has nothing to hold: node and charge set)
-                self._hold_gpus(task, node, task.groups)
+                self._hold_gpus(task, node, task.groups, status == PodStatus.PIPELINED)
                 load.gpu_nodes[node] = load.gpu_nodes.get(node, False) or not req.gpus
             if status == PodStatus.RELEASING:
                 load.releasing.append(task)
@@ -835,9 +840,10 @@ class Session:
         # a device some unpipelined sharer holds is not idle; one all of whose sharers are
         # releasing is releasing; one only pipelined sharers hold is taken from releasing
         # (KAI: a sharer pipelined onto an empty or all-releasing device takes one releasing
-        # GPU, and leaves the idle ones alone)
+        # GPU, and leaves the idle ones alone), unless an unpipelined sharer opened it (a job
+        # allocate pipelines whole once one of its pods is: Group.from_idle)
         for g in groups.values():
-            if g.used > 0:
+            if g.used > 0 or g.from_idle:
                 used += 1
                 if g.used == g.releasing:
                     rel += 1
@@ -892,13 +898,14 @@ class Session:
                          pipelined: bool = False) -> None:
         req = task.req
         self._add_usage(node, req.cpu_m, req.memory, 1)
-        self._hold_gpus(task, node, groups)
+        self._hold_gpus(task, node, groups, pipelined)
         if pipelined:
             self._pipeline_charge(task, +1, refresh=False)
         if req.wants_gpu:
             self._refresh_gpu(node, devices=not req.gpus)
 
-    def _hold_gpus(self, task: Task, node: int, groups: tuple[str, ...]) -> None:
+    def _hold_gpus(self, task: Task, node: int, groups: tuple[str, ...],
+                   pipelined: bool) -> None:
         """The task on `node`: its whole GPUs or its share of devices `groups`, and what it is
         charged (the node's GPU counts are left to `_refresh_gpu`)."""
         req = task.req
@@ -911,6 +918,7 @@ class Session:
                 group = self.groups[node].get(gid)
                 if group is None:
                     group = Group(gid)
+                    group.from_idle = not pipelined
                     self.groups[node][gid] = group
                 group.used += cost
                 group.tasks.add(task.idx)
@@ -1001,6 +1009,10 @@ class Session:
                 group.used -= cost
                 group.releasing -= cost
                 group.pipelined += cost
+                if len(group.tasks) == 1:
+                    # KAI moves a pod between Allocated and Pipelined by removing and adding
+                    # it: its device alone, it empties and the pod opens it again
+                    group.from_idle = sign < 0
         if refresh and req.wants_gpu:
             self._refresh_gpu(node, devices=not req.gpus)
 

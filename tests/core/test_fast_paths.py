@@ -338,11 +338,13 @@ def _check_gpu_index(sess: Session) -> None:
     for n in range(len(sess.nodes)):
         groups = list(sess.groups[n].values())
         # a device with an unpipelined sharer is used, releasing if they all are; one only
-        # pipelined sharers hold is taken from releasing (KAI's charge of a Pipelined pod)
-        used = int(sess.whole_used[n]) + sum(1 for g in groups if g.used > 0)
+        # pipelined sharers hold is taken from releasing (KAI's charge of a Pipelined pod),
+        # unless an unpipelined sharer opened it (Group.from_idle)
+        held = [g.used > 0 or g.from_idle for g in groups]
+        used = int(sess.whole_used[n]) + sum(held)
         rel = (int(sess.whole_rel[n])
                + sum(1 for g in groups if g.used > 0 and g.used == g.releasing)
-               - sum(1 for g in groups if g.used <= 0))
+               - held.count(False))
         assert (int(sess.used_gpu[n]), int(sess.rel_gpu[n])) == (used, rel), n
         # the list copies one-node reads use, against the arrays whole-cluster passes use
         at = sess.at

@@ -199,6 +199,11 @@ pub struct Group {
     pub releasing: i64,
     /// what the pipelined sharers take (`used + pipelined`: KAI's UsedSharedGPUsMemory)
     pub pipelined: i64,
+    /// an unpipelined sharer opened the device, so KAI took it from the idle GPUs
+    /// (gpu_sharing_node_info.go:120-127) and gives it back only once no sharer at all is
+    /// left (:212-217): pipelined sharers alone then keep it out of idle; one a pipelined
+    /// sharer opened is taken from releasing (:113-119)
+    pub from_idle: bool,
     pub tasks: Vec<usize>,
 }
 
@@ -805,7 +810,7 @@ impl Session {
             self.used_pods[n] += 1;
             if req.wants_gpu() {
                 let groups = self.tasks[idx].groups.clone();
-                self.hold_gpus(idx, node, groups);
+                self.hold_gpus(idx, node, groups, status == PodStatus::Pipelined);
                 match load.gpu_nodes.get_mut(&node) {
                     Some(shared) => *shared = *shared || req.gpus == 0,
                     None => {
@@ -994,10 +999,12 @@ impl Session {
         let n = node as usize;
         // a device some unpipelined sharer holds is not idle; one all of whose sharers are
         // releasing is releasing; one only pipelined sharers hold is taken from releasing (KAI:
-        // a sharer pipelined onto an empty or all-releasing device takes a releasing GPU)
+        // a sharer pipelined onto an empty or all-releasing device takes a releasing GPU),
+        // unless an unpipelined sharer opened it (a job allocate pipelines whole once one of
+        // its pods is: Group::from_idle)
         let (mut used, mut rel) = (self.whole_used[n], self.whole_rel[n]);
         for g in &self.groups[n] {
-            if g.used > 0 {
+            if g.used > 0 || g.from_idle {
                 used += 1;
                 if g.used == g.releasing {
                     rel += 1;
@@ -1024,7 +1031,7 @@ impl Session {
     fn place_resources(&mut self, task: usize, node: i32, groups: Vec<u32>, pipelined: bool) {
         let req = self.tasks[task].req;
         self.add_usage(node, req.cpu_m, req.memory, 1);
-        self.hold_gpus(task, node, groups);
+        self.hold_gpus(task, node, groups, pipelined);
         if pipelined {
             self.pipeline_charge(task, 1, false);
         }
@@ -1035,7 +1042,7 @@ impl Session {
 
     /// The task on `node`: its whole GPUs or its share of devices `groups`, and what it is
     /// charged (the node's GPU counts are left to `refresh_gpu`).
-    fn hold_gpus(&mut self, task: usize, node: i32, groups: Vec<u32>) {
+    fn hold_gpus(&mut self, task: usize, node: i32, groups: Vec<u32>, pipelined: bool) {
         let req = self.tasks[task].req;
         let n = node as usize;
         self.node_ver[n] += 1;
@@ -1054,6 +1061,7 @@ impl Session {
                             used: 0,
                             releasing: 0,
                             pipelined: 0,
+                            from_idle: !pipelined,
                             tasks: Vec::new(),
                         });
                         devices.len() - 1
@@ -1167,6 +1175,11 @@ impl Session {
                     g.used -= cost;
                     g.releasing -= cost;
                     g.pipelined += cost;
+                    if g.tasks.len() == 1 {
+                        // KAI moves a pod between Allocated and Pipelined by removing and
+                        // adding it: its device alone, it empties and the pod opens it again
+                        g.from_idle = sign < 0;
+                    }
                 }
             }
         }
