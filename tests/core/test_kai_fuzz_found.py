@@ -95,3 +95,31 @@ def test_a_recorded_victim_take_is_evicted_whole_by_the_next_prefix(core: str) -
                                                          "j7-2": "n0"}
     assert sorted(e.pod for e in result.evictions) == ["j6-0", "j6-1", "j6-2"]
     assert {b.pod: b.node for b in result.binds} == {"j8-0": "n2"}
+
+
+def test_a_victim_jobs_node_without_a_potential_victim_tries_the_recorded_victims_alone(
+        core: str) -> None:
+    # reclaim for j5 evicts j3, whose two GPUs on n1 release; j5 shares one of them. j6 (two
+    # 0.5 pods, q2) then needs no victim: the other device fits both. KAI gets there through
+    # the victim j7 (j7-0, j7-1 on n1; j7-2, bound by allocate, on n2): it tries every node of
+    # j7, and on one without a potential victim it simulates no victim at all (fuzzer seed
+    # 1506, round 0). kai-ray used to try only the victims' nodes and pipelined nothing for j6.
+    snap = _fuzz_round(1506, 0, core)
+    result = schedule(snap, SchedulerConfig(), 0.0, core=core)
+    assert {p.pod: p.node for p in result.pipelined} == {
+        "j5-0": "n1", "j5-1": "n1", "j6-0": "n1", "j6-1": "n1"}
+    assert sorted(e.pod for e in result.evictions) == ["j3-0", "j3-1", "j3-2"]
+    assert {b.pod: b.node for b in result.binds} == {"j7-2": "n2"}
+
+
+def test_a_device_only_pipelined_pods_share_frees_only_their_fractions(core: str) -> None:
+    # allocate pipelines j7's four 0.25 pods, two on a GPU n0's releasing j1-1 frees and two on
+    # one of n2's. KAI's idle-GPU filter counts those devices in neither of a node's sums and
+    # takes back only the victims' fractions: n0 and n2 reach 1.5 GPUs, so consolidation for j0
+    # (2 GPUs) is filtered out (fuzzer seed 1446, round 0). kai-ray counted each freed device as
+    # a whole GPU, moved j7 to n2 and pipelined j0 on n0.
+    snap = _fuzz_round(1446, 0, core)
+    result = schedule(snap, SchedulerConfig(), 0.0, core=core)
+    assert {p.pod: p.node for p in result.pipelined} == {
+        "j7-0": "n0", "j7-1": "n0", "j7-2": "n2", "j7-3": "n2"}
+    assert result.evictions == [] and result.binds == []

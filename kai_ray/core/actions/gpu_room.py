@@ -8,9 +8,19 @@ from typing import TypeVar
 
 import numpy as np
 
-from kai_ray.core.state import MILLI, Session, Task
+from kai_ray.core.state import MILLI, Group, Session, Task
 
 _K = TypeVar("_K")
+
+
+def freed_whole(group: Group, amount: int) -> bool:
+    """Whether victims freeing `amount` of a shared device make it a whole GPU for KAI's
+    idle-GPU filter. A device only pipelined sharers hold KAI counts in neither of a node's sums
+    (GetSumOfIdleGPUs, GetSumOfReleasingGPUs: gpu_sharing_node_info.go:303-325), and its victims
+    add only their own fractions (idle_gpus.go:209): whole once those make a device."""
+    if group.used <= 0:
+        return amount >= MILLI
+    return amount + group.releasing >= group.used
 
 
 class FreeGpus:
@@ -52,7 +62,7 @@ class FreeGpus:
                     group = sess.groups[key[0]].get(key[1])
                     if group is None:
                         continue
-                    if amount + group.releasing >= group.used:
+                    if freed_whole(group, amount):
                         self._devices.pop(key, None)
                     else:
                         self._devices[key] = MILLI - group.used + group.releasing + amount
@@ -100,7 +110,7 @@ class FreeGpus:
                 out.whole[node] = out.whole.get(node, 0) + gpus
         for key, amount in freed.device.items():
             group = self.sess.groups[key[0]].get(key[1])
-            if group is not None and amount + group.releasing >= group.used:
+            if group is not None and freed_whole(group, amount):
                 out.whole[key[0]] = out.whole.get(key[0], 0) + 1
         return out
 
@@ -246,7 +256,7 @@ class GpuRoom:
         for key, amount in freed.items():
             group = self.sess.groups[key[0]].get(key[1])
             if group is not None:
-                self.devices[key] = (0 if amount + group.releasing >= group.used
+                self.devices[key] = (0 if freed_whole(group, amount)
                                      else MILLI - group.used + group.releasing + amount)
         self.total_room = base.device_totals()[0] + sum(
             v - base.devices.get(key, 0) for key, v in self.devices.items())
@@ -297,7 +307,7 @@ class GpuRoom:
             group = sess.groups[t.node].get(gid)
             if group is None:
                 continue
-            if freed[key] + group.releasing >= group.used:
+            if freed_whole(group, freed[key]):
                 whole[t.node] = whole.get(t.node, base.get(t.node, 0)) + 1
                 devices[key] = 0
             elif self.fractions_needed:
@@ -395,7 +405,7 @@ class AllFreed:
         for gid, group in sess.groups[node].items():
             amount = self.freed.device.get((node, gid))
             if amount is not None:
-                if amount + group.releasing >= group.used:
+                if freed_whole(group, amount):
                     whole += 1
                 else:
                     rooms.append(MILLI - group.used + group.releasing + amount)

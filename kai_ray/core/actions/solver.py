@@ -416,7 +416,9 @@ class Solver:
         room = GpuRoom(self.sess, self._free, prefix)
         if recorded and not room.trivial:
             room.adopt(*self._recorded.of(recorded))
-        if recorded and room.enough():
+        # the scenario of the recorded victims alone (the same on every node), once tried
+        recorded_only = bool(recorded) and room.enough()
+        if recorded_only:
             result = self._try(job, prefix, recorded, self._nodes(actual))
             if result is not None:
                 return _groups_hit(result, groups), result
@@ -452,9 +454,17 @@ class Solver:
                 potential.extend(taken)
             if not room.enough():
                 continue  # even every victim so far would not free enough GPUs: skip simulating
-            for node in sorted({t.node for taken in takes for t in taken}):
-                on_node = jobs_on[node]
+            # a scenario per node of each taken victim's job, any of its pods (KAI's
+            # getNodesOfJob, by_pod_solver.go:86,204): on one with no potential victim (or for
+            # a pending pod, no node) only the recorded victims go, and that may be enough now
+            # that earlier jobs of the action left GPUs releasing
+            for node in sorted({p.node for taken in takes for p in taken[0].job.tasks}):
+                on_node = jobs_on.get(node, set())
                 added = [t for t in potential if id(t.job) in on_node]
+                if not added:
+                    if recorded_only:
+                        continue  # already tried: it fails the same way
+                    recorded_only = True
                 scenario = recorded + added
                 if not room.enough_with(scenario):
                     continue
@@ -462,6 +472,12 @@ class Solver:
                 if result is not None:
                     return _groups_hit(result, groups + list(
                         {id(g): g for g in (taken_in[id(t)] for t in added)}.values())), result
+        if self.exhausted and not recorded_only and room.enough_with(recorded):
+            # the takes of an exhausted queue were left out, but KAI still tries their jobs'
+            # nodes, the recorded victims alone on one with none of them
+            result = self._try(job, prefix, recorded, self._nodes(actual))
+            if result is not None:
+                return _groups_hit(result, groups), result
         return None
 
     def _place_again(self, job: JobState, prefix: list[Task], victim_jobs: list[JobState],

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from heapq import heapify, heappop, heappush, merge
 from itertools import chain
 
-from kai_ray.core.actions.gpu_room import FreeGpus, GpuRoom
+from kai_ray.core.actions.gpu_room import FreeGpus, GpuRoom, freed_whole
 from kai_ray.core.actions.victims import VictimUnit
 from kai_ray.core.ordering import JobQueue
 from kai_ray.core.state import MILLI, JobState, Session, Task
@@ -57,7 +57,7 @@ class _Fits:
             before = self.device_freed.get(key, 0)
             self.device_freed[key] = before + cost
             old = MILLI - group.used + group.releasing + before
-            new = 0 if before + cost + group.releasing >= group.used else old + cost
+            new = 0 if freed_whole(group, before + cost) else old + cost
             self.now += new // self.size - old // self.size
         self.values.append(self.now)
 
@@ -221,8 +221,8 @@ class VictimStream:
                 events.append((key, t.gpu_mem_cost))
                 freed = device_freed[key] = device_freed.get(key, 0) + t.gpu_mem_cost
                 group = sess.groups[t.node].get(gid)
-                if group is not None and freed - t.gpu_mem_cost + group.releasing < group.used \
-                        <= freed + group.releasing:
+                if group is not None and freed_whole(group, freed) \
+                        and not freed_whole(group, freed - t.gpu_mem_cost):
                     gains[t.node] = gains.get(t.node, 0) + 1
         return gains, events
 
@@ -368,7 +368,7 @@ class VictimStream:
         recorded_places = sum(on_node.values())  # whole GPUs, and (below) partly freed devices
         for (node, gid), amount in room.freed.items():
             group = sess.groups[node].get(gid)
-            if group is not None and amount + group.releasing < group.used:
+            if group is not None and not freed_whole(group, amount):
                 on_node[node] = on_node.get(node, 0) + 1
                 recorded_places += 1
         for t in others:

@@ -5,7 +5,18 @@
 
 use rustc_hash::FxHashMap;
 
-use crate::state::{Session, MILLI};
+use crate::state::{Group, Session, MILLI};
+
+/// Whether victims freeing `amount` of a shared device make it a whole GPU for KAI's idle-GPU
+/// filter. A device only pipelined sharers hold KAI counts in neither of a node's sums
+/// (GetSumOfIdleGPUs, GetSumOfReleasingGPUs: gpu_sharing_node_info.go:303-325), and its victims
+/// add only their own fractions (idle_gpus.go:209): whole once those make a device.
+pub fn freed_whole(group: &Group, amount: i64) -> bool {
+    if group.used <= 0 {
+        return amount >= MILLI;
+    }
+    amount + group.releasing >= group.used
+}
 
 pub type DevKey = (i32, u32);
 
@@ -68,7 +79,7 @@ impl FreeGpus {
             if let Some(freed) = &self.freed_devices {
                 for (&key, &amount) in freed {
                     let Some(group) = sess.group(key.0, key.1) else { continue };
-                    if amount + group.releasing >= group.used {
+                    if freed_whole(group, amount) {
                         devices.remove(&key);
                     } else {
                         devices.insert(key, MILLI - group.used + group.releasing + amount);
@@ -147,7 +158,7 @@ impl FreeGpus {
         }
         for (&key, &amount) in &freed.device {
             if let Some(group) = sess.group(key.0, key.1) {
-                if amount + group.releasing >= group.used {
+                if freed_whole(group, amount) {
                     *whole.entry(key.0).or_insert(0) += 1;
                 }
             }
@@ -221,7 +232,7 @@ pub fn free_into(
         let amount = freed.get(&key).copied().unwrap_or(0) + task.gpu_mem_cost;
         freed.insert(key, amount);
         let Some(group) = sess.group(node, gid) else { continue };
-        if amount + group.releasing >= group.used {
+        if freed_whole(group, amount) {
             let v = whole
                 .get(&node)
                 .copied()
@@ -441,7 +452,7 @@ impl GpuRoom {
         self.devices = FxHashMap::default();
         for (&key, &amount) in freed {
             if let Some(group) = sess.group(key.0, key.1) {
-                let room = if amount + group.releasing >= group.used {
+                let room = if freed_whole(group, amount) {
                     0
                 } else {
                     MILLI - group.used + group.releasing + amount
@@ -693,7 +704,7 @@ fn part_of(sess: &Session, freed: &Freed, node: i32) -> (i64, Vec<i64>) {
     for group in &sess.groups[n] {
         match freed.device.get(&(node, group.gid)) {
             Some(&amount) => {
-                if amount + group.releasing >= group.used {
+                if freed_whole(group, amount) {
                     whole += 1;
                 } else {
                     rooms.push(MILLI - group.used + group.releasing + amount);

@@ -507,7 +507,10 @@ impl<'a> Solver<'a> {
             self.recorded.of(sess, free, recorded);
             room.adopt(sess, free, &self.recorded.whole, &self.recorded.freed);
         }
-        if !recorded.is_empty() && room.enough(sess, cache.free.as_mut().expect("free")) {
+        // the scenario of the recorded victims alone (the same on every node), once tried
+        let mut recorded_only =
+            !recorded.is_empty() && room.enough(sess, cache.free.as_mut().expect("free"));
+        if recorded_only {
             let nodes = self.nodes(sess, actual, &[]);
             if let Some(result) = self.try_scenario(sess, job, prefix, recorded, nodes) {
                 let hit = groups_hit(&result, groups.iter().map(|g| &g[..]));
@@ -593,14 +596,29 @@ impl<'a> Solver<'a> {
                     continue; // even every victim so far would not free enough GPUs
                 }
             }
-            let mut nodes: Vec<i32> = takes.tasks.iter().map(|&t| sess.tasks[t].node).collect();
+            // a scenario per node of each taken victim's job, any of its pods (KAI's
+            // getNodesOfJob, by_pod_solver.go:86,204): on one with no potential victim (or for
+            // a pending pod, no node) only the recorded victims go, and that may be enough now
+            // that earlier jobs of the action left GPUs releasing
+            let mut nodes: Vec<i32> = takes
+                .groups()
+                .flat_map(|g| sess.jobs[sess.tasks[g[0]].job].tasks.iter())
+                .map(|&t| sess.tasks[t].node)
+                .collect();
             nodes.sort_unstable();
             nodes.dedup();
+            let none = FxHashSet::default();
             for node in nodes {
-                let on_node = &jobs_on[&node];
+                let on_node = jobs_on.get(&node).unwrap_or(&none);
                 let mut scenario = recorded.to_vec();
                 scenario
                     .extend(potential.iter().filter(|&&t| on_node.contains(&sess.tasks[t].job)));
+                if scenario.len() == recorded.len() {
+                    if recorded_only {
+                        continue; // already tried: it fails the same way
+                    }
+                    recorded_only = true;
+                }
                 if !room.enough_with(sess, cache.free.as_mut().expect("free"), &scenario) {
                     continue;
                 }
@@ -615,6 +633,18 @@ impl<'a> Solver<'a> {
                     let hit = groups_hit(&result, groups.iter().map(|g| &g[..]).chain(added));
                     return Some((hit, result));
                 }
+            }
+        }
+        if !self.exhausted.is_empty()
+            && !recorded_only
+            && room.enough_with(sess, cache.free.as_mut().expect("free"), recorded)
+        {
+            // the takes of an exhausted queue were left out, but KAI still tries their jobs'
+            // nodes, the recorded victims alone on one with none of them
+            let nodes = self.nodes(sess, actual, &[]);
+            if let Some(result) = self.try_scenario(sess, job, prefix, recorded, nodes) {
+                let hit = groups_hit(&result, groups.iter().map(|g| &g[..]));
+                return Some((hit, result));
             }
         }
         None

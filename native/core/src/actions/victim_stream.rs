@@ -10,7 +10,7 @@ use std::collections::BinaryHeap;
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use crate::actions::gpu_room::{free_into, DevKey, FreeGpus, GpuRoom};
+use crate::actions::gpu_room::{free_into, freed_whole, DevKey, FreeGpus, GpuRoom};
 use crate::actions::victims::{new_unit, take, take_unrecorded, unit_order_number};
 use crate::ordering::JobQueue;
 use crate::state::{Session, MILLI};
@@ -73,8 +73,7 @@ impl Tally {
                     let before = device_freed.get(&key).copied().unwrap_or(0);
                     device_freed.insert(key, before + cost);
                     let old = MILLI - group.used + group.releasing + before;
-                    let new =
-                        if before + cost + group.releasing >= group.used { 0 } else { old + cost };
+                    let new = if freed_whole(group, before + cost) { 0 } else { old + cost };
                     *now += new.div_euclid(*size) - old.div_euclid(*size);
                 }
                 values.push(*now);
@@ -340,9 +339,7 @@ impl VictimStream {
                 let freed = self.device_freed.get(&key).copied().unwrap_or(0) + task.gpu_mem_cost;
                 self.device_freed.insert(key, freed);
                 if let Some(group) = sess.group(task.node, gid) {
-                    if freed - task.gpu_mem_cost + group.releasing < group.used
-                        && group.used <= freed + group.releasing
-                    {
+                    if freed_whole(group, freed) && !freed_whole(group, freed - task.gpu_mem_cost) {
                         gain(&mut gains, task.node, 1);
                     }
                 }
@@ -478,7 +475,7 @@ impl VictimStream {
         let mut recorded_places: i64 = on_node.values().sum();
         for (&(node, gid), &amount) in &room.freed {
             if let Some(group) = sess.group(node, gid) {
-                if amount + group.releasing < group.used {
+                if !freed_whole(group, amount) {
                     *on_node.entry(node).or_insert(0) += 1;
                     recorded_places += 1;
                 }
