@@ -2,6 +2,7 @@
 
     python3 -m kai_ray.testing.kai_fuzz --seeds 2000 [--first 0] [--rounds 4] [--runs 3]
                                         [--procs 8] [--core auto|python|native] [--keep DIR]
+    python3 -m kai_ray.testing.kai_fuzz --only SEED,SEED,... [--rounds 4]
     python3 -m kai_ray.testing.kai_fuzz --show SEED [--rounds 4]
 
 Each seed is a random small cluster (2-8 nodes of 0-8 GPUs; one or two top-level queues with
@@ -552,6 +553,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--known", type=pathlib.Path, metavar="YAML",
                         help="rewrite this list of known differences from the run "
                              "(tests/kai_fuzz_known.yaml: causes kept, fixed seeds dropped)")
+    parser.add_argument("--only", metavar="SEED,SEED,...",
+                        help="run these seeds instead of a range (e.g. a full run's diverging "
+                             "ones again after a change)")
     parser.add_argument("--show", type=int, metavar="SEED", help="print one seed in full")
     parser.add_argument("--kai-log", type=int, metavar="LEVEL",
                         help="with --show: write KAI's own log at this verbosity (7: scores)")
@@ -559,9 +563,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.show is not None:
         show(args.show, args.rounds, args.core, args.kai_log)
         return 0
-    seeds = range(args.first, args.first + args.seeds)
+    if args.only:
+        try:
+            seeds: Sequence[int] = sorted({int(s) for s in args.only.split(",")})
+        except ValueError:
+            parser.error(f"--only: comma-separated seed numbers, not {args.only!r}")
+        named = ",".join(map(str, seeds))
+    else:
+        seeds = range(args.first, args.first + args.seeds)
+        named = f"{seeds[0]}..{seeds[-1]}" if seeds else "none"
     print(f"KAI-scheduler {kai_version()} against kai_ray's core ({args.core}): seeds "
-          f"{seeds.start}..{seeds.stop - 1}, {args.rounds} rounds, {args.runs} KAI runs each")
+          f"{named}, {args.rounds} rounds, {args.runs} KAI runs each")
     outcomes = fuzz(list(seeds), args.rounds, args.runs, args.procs, args.core, args.keep)
     if args.known is not None:
         update_known(args.known, outcomes)
