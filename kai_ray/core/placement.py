@@ -188,16 +188,25 @@ def fits_node(sess: Session, task: Task, node: int) -> tuple[bool, bool]:
             return False, False
         return True, idle and idle_gpu >= req.gpus
     if req.is_shared:
-        if req.gpu_memory_mib and not (at.gpu_mem_synced[node]
-                                       and at.gpu_mem[node] >= req.gpu_memory_mib):
-            return False, False
-        fitting, idle_whole, rel_whole = _shared_candidates(sess, task, node)
-        if len(fitting) + idle_whole + rel_whole < req.fraction_devices:
-            return False, False
-        cost = sess.device_cost(req, node)
-        idle_groups = sum(1 for g in fitting if g.used > 0 and MILLI - g.used - cost >= 0)
-        return True, idle and idle_groups + idle_whole >= req.fraction_devices
+        fits, devices_idle = _shared_fits(sess, task, node)
+        return fits, idle and devices_idle
     return True, idle
+
+
+def _shared_fits(sess: Session, task: Task, node: int) -> tuple[bool, bool]:
+    """A shared-GPU task's devices on one node: (they fit, releasing room counted; they fit on
+    idle room)."""
+    req = task.req
+    at = sess.at
+    if req.gpu_memory_mib and not (at.gpu_mem_synced[node]
+                                   and at.gpu_mem[node] >= req.gpu_memory_mib):
+        return False, False
+    fitting, idle_whole, rel_whole = _shared_candidates(sess, task, node)
+    if len(fitting) + idle_whole + rel_whole < req.fraction_devices:
+        return False, False
+    cost = sess.device_cost(req, node)
+    idle_groups = sum(1 for g in fitting if g.used > 0 and MILLI - g.used - cost >= 0)
+    return True, idle_groups + idle_whole >= req.fraction_devices
 
 
 def _available(sess: Session, task: Task) -> BoolArray:
@@ -489,15 +498,8 @@ def _feasible_on(sess: Session, task: Task, node: int) -> tuple[bool, bool]:
     if at.used_pods[node] + _pod_slots(req) > at.max_pods[node]:
         return False, False
     if req.is_shared:
-        if req.gpu_memory_mib and not (at.gpu_mem_synced[node]
-                                       and at.gpu_mem[node] >= req.gpu_memory_mib):
-            return False, False
-        fitting, idle_whole, rel_whole = _shared_candidates(sess, task, node)
-        if len(fitting) + idle_whole + rel_whole < req.fraction_devices:
-            return False, False
-        cost = sess.device_cost(req, node)
-        idle_groups = sum(1 for g in fitting if g.used > 0 and MILLI - g.used - cost >= 0)
-        idle = idle and idle_groups + idle_whole >= req.fraction_devices
+        fits, devices_idle = _shared_fits(sess, task, node)
+        return fits, idle and devices_idle
     return True, idle
 
 
