@@ -396,6 +396,35 @@ def choose(sess: Session, task: Task, explain: bool = True
     return place_on(sess, task, node, bool(fits_idle[node])), {}
 
 
+def _base_score(free: float, total: float, spread: bool, lo: float, hi: float) -> float:
+    """One node's placement score before the idle and sharing terms, as `scores` has it: the
+    free share (spread), or 0..9 falling with the free amount over [lo, hi] (binpack)."""
+    if total <= 0:
+        return 0.0
+    if spread:
+        return free / total
+    if hi == lo:
+        return 9.0
+    return 9.0 * (1.0 - (free - lo) / (hi - lo))
+
+
+def _fitting_among(sess: Session, task: Task, nodes: list[int],
+                   test: Callable[[Session, Task, int], tuple[bool, bool]], explain: bool
+                   ) -> tuple[list[tuple[int, bool]], tuple[Choice | None, dict[str, int]] | None]:
+    """The (node, fits on idle) of `nodes` the task fits on by `test`, and `choose`'s answer
+    when that settles it without scores (no node, with the reasons when `explain`; one node)."""
+    fitting = []
+    for node in nodes:
+        fits, idle = test(sess, task, node)
+        if fits:
+            fitting.append((node, idle))
+    if not fitting:
+        return fitting, (None, feasible(sess, task, explain=True)[2] if explain else {})
+    if len(fitting) == 1:
+        return fitting, (place_on(sess, task, fitting[0][0], fitting[0][1]), {})
+    return fitting, None
+
+
 def _choose_filtered(sess: Session, task: Task, nodes: list[int], explain: bool
                      ) -> tuple[Choice | None, dict[str, int]]:
     """`choose` over `nodes` alone (in node order): the array path's predicates and scores,
@@ -404,15 +433,9 @@ def _choose_filtered(sess: Session, task: Task, nodes: list[int], explain: bool
     req = task.req
     if sess.config.gpu_packing != "kai" and req.wants_gpu:
         return _choose_masked(sess, task, nodes, explain)
-    fitting = []
-    for node in nodes:
-        fits_here, idle = _feasible_on(sess, task, node)
-        if fits_here:
-            fitting.append((node, idle))
-    if not fitting:
-        return None, feasible(sess, task, explain=True)[2] if explain else {}
-    if len(fitting) == 1:
-        return place_on(sess, task, fitting[0][0], fitting[0][1]), {}
+    fitting, settled = _fitting_among(sess, task, nodes, _feasible_on, explain)
+    if settled is not None:
+        return settled
     at = sess.at
     cfg = sess.config.placement
     gpu = req.wants_gpu
@@ -426,14 +449,7 @@ def _choose_filtered(sess: Session, task: Task, nodes: list[int], explain: bool
     best: tuple[float, int, bool] | None = None
     for node, idle in fitting:
         free, total = float(cap[node] - used[node] + rel[node]), float(cap[node])
-        if total <= 0 or (not spread and not frees):
-            base = 0.0
-        elif spread:
-            base = free / total
-        elif hi == lo:
-            base = 9.0
-        else:
-            base = 9.0 * (1.0 - (free - lo) / (hi - lo))
+        base = 0.0 if not spread and not frees else _base_score(free, total, spread, lo, hi)
         value = base + (100.0 if shown_idle(sess, task, node, idle) else 0.0)
         if not gpu:
             value += 10.0 if at.cap_gpu[node] == 0 else 0.0
@@ -638,16 +654,9 @@ def _choose_among(sess: Session, task: Task, nodes: list[int], explain: bool
                   ) -> tuple[Choice | None, dict[str, int]]:
     """`choose` over a few candidate nodes, node by node: the same predicates (`fits_node`)
     and the same scores as the array path, in the same float arithmetic, ties to the first."""
-    fitting = []
-    for node in nodes:
-        fits, idle = fits_node(sess, task, node)
-        if fits:
-            fitting.append((node, idle))
-    if not fitting:
-        return None, feasible(sess, task, explain=True)[2] if explain else {}
-    if len(fitting) == 1:
-        node, idle = fitting[0]
-        return place_on(sess, task, node, idle), {}
+    fitting, settled = _fitting_among(sess, task, nodes, fits_node, explain)
+    if settled is not None:
+        return settled
     spread = sess.config.placement.gpu == "spread"
     lo = hi = 0
     if not spread and sess.free_counts:
@@ -656,14 +665,7 @@ def _choose_among(sess: Session, task: Task, nodes: list[int], explain: bool
     best: tuple[float, int, bool] | None = None
     for node, idle in fitting:
         free, total = float(sess.at.gpu_free_at[node]), float(sess.at.cap_gpu[node])
-        if total <= 0:
-            base = 0.0
-        elif spread:
-            base = free / total
-        elif hi == lo:
-            base = 9.0
-        else:
-            base = 9.0 * (1.0 - (free - lo) / (hi - lo))
+        base = _base_score(free, total, spread, lo, hi)
         score = base + (100.0 if shown_idle(sess, task, node, idle) else 0.0)
         if bonus:
             score += 1000.0 * (1.0 if sharing_bonus_on(sess, task, node) else 0.0)
