@@ -40,17 +40,14 @@ import subprocess
 import time
 import urllib.request
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import yaml
 from kubernetes import client
 
 from kai_ray.testing import binaries, procs
 from kai_ray.testing.nodes import DEFAULT_GPU_MEMORY_MIB, DEFAULT_GPU_PRODUCT
-from kai_ray.testing.pki import issue_cert, write_kubeconfig
-
-if TYPE_CHECKING:
-    from kai_ray.testing.plane import ControlPlane
+from kai_ray.testing.pki import Pki, issue_cert, write_kubeconfig
 
 BRIDGE = "kairay0"
 # Private, and clear of what else runs here: podman 10.88/16, KWOK pods 10.244/16 and nodes
@@ -277,10 +274,32 @@ def _processes_with_arg(arg: str) -> list[int]:
 
 
 # ------------------------------------------------------------------------------ the node
+class Plane(Protocol):
+    """What the node uses of its control plane (kai_ray.testing.plane.ControlPlane, which
+    imports this module: the node does not import it back)."""
+
+    workdir: Path
+    real_node: bool
+    components: dict[str, Any]
+    ports: dict[str, int]
+    timings: dict[str, float]
+
+    @property
+    def api_url(self) -> str: ...
+    @property
+    def pki(self) -> Pki: ...
+    @property
+    def kubeconfig(self) -> Path: ...
+    @property
+    def logs_dir(self) -> Path: ...
+    def add_component(self, name: str, argv: list[str]) -> Any: ...
+    def api_client(self) -> client.ApiClient: ...
+
+
 class RealNode:
     """The real node of `plane` (which must be a ControlPlane(real_node=True), started)."""
 
-    def __init__(self, plane: ControlPlane, gpus: int = DEFAULT_GPUS) -> None:
+    def __init__(self, plane: Plane, gpus: int = DEFAULT_GPUS) -> None:
         self.plane = plane
         self.gpus = gpus
         self.name = socket.gethostname().lower()
@@ -683,43 +702,3 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.snapshotter.
                              if c.startswith("KUBE-") and c not in had]
             left += [f"directory {d}" for d in state["absent_dirs"] if os.path.lexists(d)]
         return left
-
-
-
-def cleanup(workdir: Path) -> list[str]:
-    """Undo what the real node of a killed plane (SIGKILL: no stop() ran) left on this machine,
-    from the state it recorded in `workdir`; returns what is still left."""
-    from kai_ray.testing.plane import ControlPlane
-
-    node_dir = str(Path(workdir).resolve() / "node")
-    # attached components die with their parent; shims and containers outlive it
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and any(node_dir in a for a in procs.cmdline(int(entry.name))):
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(int(entry.name), signal.SIGKILL)
-    plane = ControlPlane(Path(workdir), detached=True, real_node=True)
-    left = RealNode(plane).stop()
-    remove_bridge()
-    return left
-
-
-def main(argv: list[str] | None = None) -> int:
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="python3 -m kai_ray.testing.realnode",
-                                     description="clean up after a real node whose plane was "
-                                                 "killed before it could stop it")
-    sub = parser.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("cleanup", help="undo the node's changes to this machine")
-    p.add_argument("workdir", type=Path, help="the plane's workdir (it holds node/)")
-    args = parser.parse_args(argv)
-    if not (args.workdir / "node" / "host-before.json").is_file():
-        print(f"no real node's state under {args.workdir}/node: nothing to clean up")
-        return 1
-    left = cleanup(args.workdir)
-    print("left over: " + ", ".join(left) if left else "cleaned up")
-    return 1 if left else 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
