@@ -45,7 +45,7 @@ def run(sess: Session) -> None:
             return list(pool) if limit < 0 else list(islice(pool, limit + 1))
 
         solver = Solver(sess, "consolidation", candidates,
-                        lambda evicted, moved: "" if evicted else None, _message)
+                        lambda evicted, moved: not evicted, _message)
         if not solver.solve(job):
             failed.record(job, "cluster")
         # a job that got room is not tried again this action (KAI: only allocate pushes a job

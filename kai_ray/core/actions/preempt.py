@@ -41,7 +41,7 @@ def run(sess: Session) -> None:
                     if v is not job and v.preemptible
                     and v.priority < job.priority and not protected(sess, v, "preempt")]
 
-        solver = Solver(sess, "preempt", candidates, lambda evicted, moved: None, _message,
+        solver = Solver(sess, "preempt", candidates, lambda evicted, moved: True, _message,
                         cache, (job.queue, job.priority))
         if not solver.solve(job):
             failed.record(job, job.queue)

@@ -65,10 +65,10 @@ def _ratio(allocated: float, fair: float) -> float:
 
 
 def reclaimable(sess: Session, copy: _Copy, job: JobState, request: Amounts,
-                evicted: list[Task]) -> str | None:
-    """KAI's reclaim validation on the queue numbers frozen at the attempt's start: None when
-    the victims may be taken, else the victim-side queue that cannot give them ("" if the
-    reclaimer's own side is the problem)."""
+                evicted: list[Task]) -> bool:
+    """KAI's reclaim validation on the queue numbers frozen at the attempt's start: whether the
+    victims may be taken (no victim-side queue would go below its share, and the reclaimer's
+    side stays within what it may reach)."""
     chunks_by_queue: dict[str, list[Amounts]] = {}
     for victim_job in {id(t.job): t.job for t in evicted}.values():
         tasks = [t for t in evicted if t.job is victim_job]
@@ -94,7 +94,7 @@ def reclaimable(sess: Session, copy: _Copy, job: JobState, request: Amounts,
         rem = remaining.setdefault(vq.name, list(copy.allocated[vq.name]))
         for chunk in chunks:
             if not _fits_strategy(copy, request, rq, vq, rem):
-                return vq.name
+                return False
             for q in sess.queue_path(victim_queue):
                 left = remaining.setdefault(q.name, list(copy.allocated[q.name]))
                 for r in range(3):
@@ -115,12 +115,12 @@ def reclaimable(sess: Session, copy: _Copy, job: JobState, request: Amounts,
                 mine_ratio = _ratio(with_request[r], q.fair_share[r])
                 sib_ratio = _ratio(sib_left[r], sib.fair_share[r])
                 if mine_ratio > 1 and sib.fair_share[r] > 0 and mine_ratio * mult >= sib_ratio:
-                    return ""
+                    return False
         if not job.preemptible:
             np_with = [copy.allocated_np[q.name][r] + request[r] for r in range(3)]
             if not leq(np_with, q.deserved):
-                return ""
-    return None
+                return False
+    return True
 
 
 def _fits_strategy(copy: _Copy, request: Amounts, rq: QueueState, vq: QueueState,
@@ -168,7 +168,7 @@ def run(sess: Session) -> None:
                     and not protected(sess, v, "reclaim", reclaimer_queue=own)]
 
         def validate(evicted: list[Task], moved: list[Task], job: JobState = job,
-                     copy: _Copy = copy, req: Amounts = req) -> str | None:
+                     copy: _Copy = copy, req: Amounts = req) -> bool:
             counted = evicted if sess.config.allow_consolidating_reclaim else evicted + moved
             return reclaimable(sess, copy, job, req, counted)
 

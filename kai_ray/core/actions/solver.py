@@ -39,9 +39,10 @@ from kai_ray.core.model import ACTIVE_ALLOCATED, PodStatus
 from kai_ray.core.ordering import JobQueue, PendingOrder, scenario_queue
 from kai_ray.core.state import EvictInfo, JobState, Session, Task
 
-# (evicted, moved) -> None when the scenario is accepted, else the name of a queue that can give
-# nothing more ("" when the rejection says nothing about any queue)
-Validator = Callable[[list[Task], list[Task]], str | None]
+# (evicted, moved) -> whether the action accepts the scenario. A rejection takes no queue's jobs
+# out of the search: KAI goes on adding victims, and a later scenario may keep or move the
+# rejected ones rather than evict them (fuzzer seed 43)
+Validator = Callable[[list[Task], list[Task]], bool]
 
 
 @dataclass
@@ -356,9 +357,6 @@ class Solver:
         self.action = action
         self.candidates = candidates
         self.validator = validator
-        # queues a validator said can give nothing more: their other jobs are not tried as
-        # victims for this job (more victims from them would be rejected the same way)
-        self.exhausted: set[str] = set()
         self.message = message
         # set per job by `solve` (see `VictimCache.get`)
         self._recorded: _RecordedFreed
@@ -370,7 +368,6 @@ class Solver:
     def solve(self, job: JobState) -> bool:
         """Try to make room for `job`; on success the winning scenario stays applied."""
         sess = self.sess
-        self.exhausted = set()
         tasks = job.tasks_to_allocate()
         if not tasks:
             return False
@@ -425,7 +422,7 @@ class Solver:
         if not self.cache.all_enough(self.sess, self.scope, self._all_freed, prefix):
             return None  # not even every candidate victim together would make room
         stream = self.cache.stream(self.sess, self.scope)
-        victims = (stream.read(recorded, self.exhausted, room)
+        victims = (stream.read(recorded, room)
                    if stream is not None and stream.covers(recorded) else self._popped(recorded))
         # potential victims in the order they were taken, and per node the jobs with one there
         # (those of the quiet batch, which come first, sorted by node only once an entry may be
@@ -472,12 +469,6 @@ class Solver:
                 if result is not None:
                     return _groups_hit(result, groups + list(
                         {id(g): g for g in (taken_in[id(t)] for t in added)}.values())), result
-        if self.exhausted and not recorded_only and room.enough_with(recorded):
-            # the takes of an exhausted queue were left out, but KAI still tries their jobs'
-            # nodes, the recorded victims alone on one with none of them
-            result = self._try(job, prefix, recorded, self._nodes(actual))
-            if result is not None:
-                return _groups_hit(result, groups), result
         return None
 
     def _place_again(self, job: JobState, prefix: list[Task], victim_jobs: list[JobState],
@@ -505,13 +496,10 @@ class Solver:
     def _popped(self, recorded: list[Task]) -> Iterator[tuple[list[list[Task]], bool]]:
         """The victims in victim order, popped from a copy of the scope's queue: what each
         next unit gives up (never a recorded victim again; what is left of its job goes
-        back), skipping queues a validator exhausted."""
+        back)."""
         recorded_set = {id(t) for t in recorded}
         queue = self._victim_queue.clone()
         while (unit := queue.pop()) is not None:
-            if self.exhausted and any(q.name in self.exhausted
-                                      for q in self.sess.queue_path(unit.queue)):
-                continue
             taken, rest = unit.take_unrecorded(recorded_set)
             if rest is not None:
                 queue.push(rest)
@@ -558,10 +546,7 @@ class Solver:
             return None
         evicted = [t for t in victims if t.status == PodStatus.RELEASING and t.moved is None]
         moved = [t for t in victims if t.moved is not None]
-        rejected = self.validator(evicted, moved)
-        if rejected is not None:
+        if not self.validator(evicted, moved):
             sess.rollback(checkpoint)
-            if rejected:
-                self.exhausted.add(rejected)
             return None
         return evicted + moved

@@ -250,7 +250,7 @@ class VictimStream:
                 return False
         return True
 
-    def read(self, recorded: list[Task], exhausted: set[str], room: GpuRoom
+    def read(self, recorded: list[Task], room: GpuRoom
              ) -> Iterator[tuple[list[list[Task]], bool]]:
         """What `Solver._popped` would yield for `recorded`, without popping again: the
         entries of jobs with a recorded victim are left out and those jobs' units are taken
@@ -276,7 +276,7 @@ class VictimStream:
         seq = len(side)
         batch: list[list[Task]] = []
         i = 0
-        if not side and not exhausted and quiet_until:
+        if not side and quiet_until:
             # nothing to merge in: the quiet batch is the entries before `quiet_until` but
             # those of recorded jobs, taken as slices rather than one by one
             i = quiet_until
@@ -293,8 +293,6 @@ class VictimStream:
             quiet = i < quiet_until
             if side and (base_key is None or side[0][0] < base_key):
                 unit = heappop(side)[2]
-                if self._exhausted(exhausted, unit.job):
-                    continue
                 taken, rest = unit.take_unrecorded(recorded_set)
                 if rest is not None:
                     seq += 1
@@ -306,7 +304,7 @@ class VictimStream:
                 taken = self.taken[i]
                 i += 1
                 self.reach = max(self.reach, i)
-                if id(job) in side_jobs or self._exhausted(exhausted, job):
+                if id(job) in side_jobs:
                     continue
             if not taken:
                 continue
@@ -314,24 +312,22 @@ class VictimStream:
                 batch.append(taken)
                 continue
             if batch:
-                self._count_in(room, list(chain.from_iterable(batch)), quiet_until, recorded,
-                               exhausted)
+                self._count_in(room, list(chain.from_iterable(batch)), quiet_until, recorded)
                 yield batch, True
                 batch = []
             yield [taken], False
         if batch:
-            self._count_in(room, list(chain.from_iterable(batch)), quiet_until, recorded,
-                           exhausted)
+            self._count_in(room, list(chain.from_iterable(batch)), quiet_until, recorded)
             yield batch, True
 
-    def _count_in(self, room: GpuRoom, batch: list[Task], until: int, recorded: list[Task],
-                  exhausted: set[str]) -> None:
+    def _count_in(self, room: GpuRoom, batch: list[Task], until: int,
+                  recorded: list[Task]) -> None:
         """Add a quiet batch to `room` (which holds the recorded victims). When every recorded
-        job is one entry of the stream, taken whole, and no queue is exhausted, the batch plus
+        job is one entry of the stream, taken whole, the batch plus
         the recorded entries before `until` are exactly entries 0..until-1: `room` adopts the
         stream's count of those and takes the recorded victims after `until` again."""
         jobs = {id(t.job): t.job for t in recorded}.values()
-        if (exhausted or self.cursor > until or not self._recorded_whole(recorded)
+        if (self.cursor > until or not self._recorded_whole(recorded)
                 or any(len(self.positions.get(id(job), ())) != 1 for job in jobs)):
             room.add_victims(batch)
             return
@@ -343,10 +339,6 @@ class VictimStream:
         for t in recorded:
             if self.positions[id(t.job)][0] >= until:
                 room.add_victim(t)
-
-    def _exhausted(self, exhausted: set[str], job: JobState) -> bool:
-        return bool(exhausted) and any(q.name in exhausted
-                                       for q in self.sess.queue_path(job.queue))
 
     def _quiet_until(self, room: GpuRoom, recorded: list[Task], others: list[Task]) -> int:
         """Entries before this one cannot give `room`'s prefix enough GPUs, even with the

@@ -37,17 +37,8 @@ impl Rules for Consolidation {
         out
     }
 
-    fn validate(
-        &self,
-        _sess: &Session,
-        evicted: &[usize],
-        _moved: &[usize],
-    ) -> Option<Option<usize>> {
-        if evicted.is_empty() {
-            None
-        } else {
-            Some(None)
-        }
+    fn validate(&self, _sess: &Session, evicted: &[usize], _moved: &[usize]) -> bool {
+        evicted.is_empty()
     }
 }
 

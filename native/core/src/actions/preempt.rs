@@ -39,13 +39,8 @@ impl Rules for Preempt<'_> {
             .collect()
     }
 
-    fn validate(
-        &self,
-        _sess: &Session,
-        _evicted: &[usize],
-        _moved: &[usize],
-    ) -> Option<Option<usize>> {
-        None
+    fn validate(&self, _sess: &Session, _evicted: &[usize], _moved: &[usize]) -> bool {
+        true
     }
 }
 

@@ -75,8 +75,9 @@ impl Reclaim {
         leq(&reclaimer_with, &sess.queues[rq].deserved) && !leq(remaining, &v.deserved)
     }
 
-    /// KAI's reclaim validation on the queue numbers frozen at the attempt's start.
-    fn reclaimable(&self, sess: &Session, evicted: &[usize]) -> Option<Option<usize>> {
+    /// KAI's reclaim validation on the queue numbers frozen at the attempt's start: whether the
+    /// victims may be taken.
+    fn reclaimable(&self, sess: &Session, evicted: &[usize]) -> bool {
         let job = self.job;
         let request = self.request;
         let own = sess.jobs[job].queue_id.expect("a leaf queue");
@@ -140,7 +141,7 @@ impl Reclaim {
                 let rem =
                     remaining.iter().find(|(k, _)| *k == vq).map(|(_, v)| *v).expect("remaining");
                 if !self.fits_strategy(sess, rq, vq, &rem) {
-                    return Some(Some(vq));
+                    return false;
                 }
                 for &q in &sess.paths[*victim_queue] {
                     let at = slot(&mut remaining, q, self.allocated[q]);
@@ -179,7 +180,7 @@ impl Reclaim {
                     let sib_ratio = ratio(sib_left[r], sib.fair_share[r]);
                     if mine_ratio > 1.0 && sib.fair_share[r] > 0.0 && mine_ratio * mult >= sib_ratio
                     {
-                        return Some(None);
+                        return false;
                     }
                 }
             }
@@ -187,11 +188,11 @@ impl Reclaim {
                 let np = &self.allocated_np[q];
                 let np_with = [np[0] + request[0], np[1] + request[1], np[2] + request[2]];
                 if !leq(&np_with, &qs.deserved) {
-                    return Some(None);
+                    return false;
                 }
             }
         }
-        None
+        true
     }
 }
 
@@ -217,12 +218,7 @@ impl Rules for Reclaim {
             .collect()
     }
 
-    fn validate(
-        &self,
-        sess: &Session,
-        evicted: &[usize],
-        moved: &[usize],
-    ) -> Option<Option<usize>> {
+    fn validate(&self, sess: &Session, evicted: &[usize], moved: &[usize]) -> bool {
         if sess.config.allow_consolidating_reclaim {
             self.reclaimable(sess, evicted)
         } else {

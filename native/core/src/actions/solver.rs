@@ -35,10 +35,10 @@ pub trait Rules {
     fn message(&self) -> EvictMessage;
     /// the candidate victim jobs
     fn candidates(&self, sess: &mut Session) -> Vec<usize>;
-    /// None when the scenario is accepted, else Some(the queue that can give nothing more, if
-    /// the rejection names one)
-    fn validate(&self, sess: &Session, evicted: &[usize], moved: &[usize])
-        -> Option<Option<usize>>;
+    /// whether the scenario is accepted. A rejection takes no queue's jobs out of the search:
+    /// KAI goes on adding victims, and a later scenario may keep or move the rejected ones
+    /// rather than evict them (fuzzer seed 43)
+    fn validate(&self, sess: &Session, evicted: &[usize], moved: &[usize]) -> bool;
 }
 
 /// A pending pod's request as KAI's ResourceRequirements compares it (resource_requirment.go
@@ -425,9 +425,6 @@ impl RecordedFreed {
 pub struct Solver<'a> {
     rules: &'a dyn Rules,
     scope: Scope,
-    /// queues a validator said can give nothing more: their other jobs are not tried as
-    /// victims for this job
-    exhausted: FxHashSet<usize>,
     recorded: RecordedFreed,
     /// the job's feasible nodes (`feasible_nodes`; None: every node)
     feasible: Option<Vec<bool>>,
@@ -435,18 +432,11 @@ pub struct Solver<'a> {
 
 impl<'a> Solver<'a> {
     pub fn new(rules: &'a dyn Rules, scope: Scope) -> Solver<'a> {
-        Solver {
-            rules,
-            scope,
-            exhausted: FxHashSet::default(),
-            recorded: RecordedFreed::default(),
-            feasible: None,
-        }
+        Solver { rules, scope, recorded: RecordedFreed::default(), feasible: None }
     }
 
     /// Try to make room for `job`; on success the winning scenario stays applied.
     pub fn solve(&mut self, sess: &mut Session, cache: &mut VictimCache, job: usize) -> bool {
-        self.exhausted.clear();
         let tasks = sess.tasks_to_allocate(job, false);
         if tasks.is_empty() {
             return false;
@@ -536,7 +526,6 @@ impl<'a> Solver<'a> {
                 &scopes[&key].units,
                 &room,
                 recorded,
-                &self.exhausted,
             ))
         } else {
             Source::Popped(
@@ -560,11 +549,9 @@ impl<'a> Solver<'a> {
                     let VictimCache { streams, scopes, free, .. } = &mut *cache;
                     let stream = streams.get_mut(&key).expect("stream");
                     let free = free.as_mut().expect("free");
-                    read.next(stream, sess, free, &scopes[&key].units, &mut room, &self.exhausted)
+                    read.next(stream, sess, free, &scopes[&key].units, &mut room)
                 }
-                Source::Popped(queue, recorded_set) => {
-                    popped_next(sess, queue, recorded_set, &self.exhausted)
-                }
+                Source::Popped(queue, recorded_set) => popped_next(sess, queue, recorded_set),
             };
             let Some((takes, quiet)) = item else { break };
             if quiet {
@@ -633,18 +620,6 @@ impl<'a> Solver<'a> {
                     let hit = groups_hit(&result, groups.iter().map(|g| &g[..]).chain(added));
                     return Some((hit, result));
                 }
-            }
-        }
-        if !self.exhausted.is_empty()
-            && !recorded_only
-            && room.enough_with(sess, cache.free.as_mut().expect("free"), recorded)
-        {
-            // the takes of an exhausted queue were left out, but KAI still tries their jobs'
-            // nodes, the recorded victims alone on one with none of them
-            let nodes = self.nodes(sess, actual, &[]);
-            if let Some(result) = self.try_scenario(sess, job, prefix, recorded, nodes) {
-                let hit = groups_hit(&result, groups.iter().map(|g| &g[..]));
-                return Some((hit, result));
             }
         }
         None
@@ -737,11 +712,8 @@ impl<'a> Solver<'a> {
             .collect();
         let moved: Vec<usize> =
             victims.iter().copied().filter(|&t| sess.tasks[t].moved.is_some()).collect();
-        if let Some(rejected) = self.rules.validate(sess, &evicted, &moved) {
+        if !self.rules.validate(sess, &evicted, &moved) {
             sess.rollback(checkpoint);
-            if let Some(queue) = rejected {
-                self.exhausted.insert(queue);
-            }
             return None;
         }
         let mut out = evicted;
@@ -799,21 +771,14 @@ enum Source {
 }
 
 /// The victims in victim order, popped from a copy of the scope's queue: what each next unit
-/// gives up (never a recorded victim again; what is left of its job goes back), skipping
-/// queues a validator exhausted.
+/// gives up (never a recorded victim again; what is left of its job goes back).
 fn popped_next(
     sess: &mut Session,
     queue: &mut JobQueue,
     recorded: &FxHashSet<usize>,
-    exhausted: &FxHashSet<usize>,
 ) -> Option<(Takes, bool)> {
     while let Some(unit) = queue.pop(sess) {
         let job = sess.units[unit].job;
-        if !exhausted.is_empty()
-            && sess.queue_path(sess.jobs[job].queue_id).iter().any(|q| exhausted.contains(q))
-        {
-            continue;
-        }
         let (taken, rest) = take_unrecorded(sess, unit, recorded);
         if let Some(rest) = rest {
             let rest = new_unit(sess, job, rest);

@@ -387,14 +387,8 @@ impl VictimStream {
         self.one_queue || recorded_whole(sess, units, recorded)
     }
 
-    fn exhausted(sess: &Session, exhausted: &FxHashSet<usize>, job: usize) -> bool {
-        !exhausted.is_empty()
-            && sess.queue_path(sess.jobs[job].queue_id).iter().any(|q| exhausted.contains(q))
-    }
-
     /// Add a quiet batch to `room` (which holds the recorded victims). When every recorded job
-    /// is one entry of the stream, taken whole, and no queue is exhausted, the batch plus the
-    /// recorded entries before `until` are exactly entries 0..until-1: `room` adopts the
+    /// is one entry of the stream, taken whole, the batch plus the recorded entries before `until` are exactly entries 0..until-1: `room` adopts the
     /// stream's count of those and takes the recorded victims after `until` again.
     #[allow(clippy::too_many_arguments)]
     fn count_in(
@@ -406,7 +400,6 @@ impl VictimStream {
         batch: &[usize],
         until: usize,
         recorded: &[usize],
-        exhausted: &FxHashSet<usize>,
     ) {
         let mut jobs: Vec<usize> = Vec::new();
         for &t in recorded {
@@ -415,8 +408,7 @@ impl VictimStream {
                 jobs.push(j);
             }
         }
-        if !exhausted.is_empty()
-            || self.cursor > until
+        if self.cursor > until
             || !recorded_whole(sess, units, recorded)
             || jobs.iter().any(|j| self.positions.get(j).map_or(0, |p| p.len()) != 1)
         {
@@ -632,7 +624,6 @@ impl StreamRead {
         units: &FxHashMap<usize, usize>,
         room: &GpuRoom,
         recorded: &[usize],
-        exhausted: &FxHashSet<usize>,
     ) -> StreamRead {
         let recorded_set: FxHashSet<usize> = recorded.iter().copied().collect();
         let mut side_order: Vec<usize> = Vec::new();
@@ -664,7 +655,7 @@ impl StreamRead {
         let quiet_until = stream.quiet_until(sess, free, room, recorded, &others);
         let mut batch = Takes::default();
         let mut i = 0;
-        if side.is_empty() && exhausted.is_empty() && quiet_until > 0 {
+        if side.is_empty() && quiet_until > 0 {
             // nothing to merge in: the quiet batch is the entries before `quiet_until` but
             // those of recorded jobs, taken as slices rather than one by one
             i = quiet_until;
@@ -708,7 +699,6 @@ impl StreamRead {
         free: &mut FreeGpus,
         units: &FxHashMap<usize, usize>,
         room: &mut GpuRoom,
-        exhausted: &FxHashSet<usize>,
     ) -> Option<(Takes, bool)> {
         if let Some(item) = self.pending.take() {
             return Some(item);
@@ -729,9 +719,6 @@ impl StreamRead {
             if side_first {
                 let Reverse((_, _, unit)) = self.side.pop().expect("a side unit");
                 let job = sess.units[unit].job;
-                if VictimStream::exhausted(sess, exhausted, job) {
-                    continue;
-                }
                 let (got, rest) = take_unrecorded(sess, unit, &self.recorded_set);
                 if let Some(rest) = rest {
                     self.seq += 1;
@@ -747,7 +734,7 @@ impl StreamRead {
                 taken = stream.taken[self.i].clone();
                 self.i += 1;
                 stream.reach = stream.reach.max(self.i);
-                if self.side_jobs.contains(&job) || VictimStream::exhausted(sess, exhausted, job) {
+                if self.side_jobs.contains(&job) {
                     continue;
                 }
             }
@@ -758,14 +745,14 @@ impl StreamRead {
                 self.batch.push(&taken);
                 continue;
             }
-            if let Some(batch) = self.flush(stream, sess, free, units, room, exhausted) {
+            if let Some(batch) = self.flush(stream, sess, free, units, room) {
                 self.pending = Some((Takes::one(taken), false));
                 return Some(batch);
             }
             return Some((Takes::one(taken), false));
         }
         self.finished = true;
-        self.flush(stream, sess, free, units, room, exhausted)
+        self.flush(stream, sess, free, units, room)
     }
 
     /// The quiet batch so far, counted into `room`, if there is one.
@@ -776,22 +763,12 @@ impl StreamRead {
         free: &mut FreeGpus,
         units: &FxHashMap<usize, usize>,
         room: &mut GpuRoom,
-        exhausted: &FxHashSet<usize>,
     ) -> Option<(Takes, bool)> {
         if self.batch.is_empty() {
             return None;
         }
         let batch = std::mem::take(&mut self.batch);
-        stream.count_in(
-            sess,
-            free,
-            units,
-            room,
-            &batch.tasks,
-            self.quiet_until,
-            &self.recorded,
-            exhausted,
-        );
+        stream.count_in(sess, free, units, room, &batch.tasks, self.quiet_until, &self.recorded);
         Some((batch, true))
     }
 }
