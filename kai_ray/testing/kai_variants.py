@@ -289,8 +289,8 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
             # (node_info.go addTaskResources); the guard that keeps Idle + used within the node
             # (meant for a releasing pod that opens a device) counted them and took an idle GPU
             Edit(_SHARING_NODE_INFO, _USED_SHARED_GPUS, _go("""
-                    // kaiRayPipelinedWholeGPUs counts the whole GPUs pipelined pods on the node wait
-                    // for (charged to Releasing, not Idle): kai-ray variant DEV-12.
+                    // kaiRayPipelinedWholeGPUs counts the whole GPUs pipelined pods on the node
+                    // wait for (charged to Releasing, not Idle): kai-ray variant DEV-12.
                     func (ni *NodeInfo) kaiRayPipelinedWholeGPUs() int {
                         gpus := 0.0
                         for _, pod := range ni.PodInfos {
@@ -305,8 +305,9 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
             Edit(_SHARING_NODE_INFO, _LAST_RELEASING_SHARER, _go("""
                         ni.markSharedGpuAsReleasing(gpuGroup)
                     }
-                    if int(ni.GetNumberOfGPUsInNode()) < int(ni.Idle.GPUs())+ni.getNumberOfUsedGPUs()-
-                        ni.kaiRayPipelinedWholeGPUs() { // kai-ray variant DEV-12
+                    // kai-ray variant DEV-12: the whole GPUs of pipelined pods left out
+                    used := ni.getNumberOfUsedGPUs() - ni.kaiRayPipelinedWholeGPUs()
+                    if int(ni.GetNumberOfGPUsInNode()) < int(ni.Idle.GPUs())+used {
                 """, depth=3)),
         ),
     ),
