@@ -131,10 +131,7 @@ pub fn place_tasks(
 /// gang still waits (KAI ShouldPipelineJob).
 fn pipeline_whole_gang_if_needed(sess: &mut Session, job: usize, placed: &[usize]) {
     let below = sess.jobs[job].podsets.iter().any(|ps| {
-        let waiting = ps
-            .tasks
-            .iter()
-            .any(|&t| sess.tasks[t].status == PodStatus::Pipelined);
+        let waiting = ps.tasks.iter().any(|&t| sess.tasks[t].status == PodStatus::Pipelined);
         let bound = ps
             .tasks
             .iter()
