@@ -281,6 +281,23 @@ def test_dev07_case_is_proven_by_its_variant(harness: pathlib.Path,
     assert found == {0: ("kai-stale-shared-gpu-entry",)}
 
 
+def test_dev12_case_is_proven_by_its_variant(harness: pathlib.Path,
+                                             variants: kai_fuzz.VariantBinaries,
+                                             tmp_path: pathlib.Path) -> None:
+    """DEV-12's case: stock KAI takes an idle GPU of node0 away when reclaim evicts sharer (w's
+    pipelined GPU counted as taken from idle) and leaves p pending; kai-ray reclaims for p, and
+    so does KAI whose guard leaves out pipelined pods' GPUs."""
+    snap = _case("DEV-12")
+    ours = _ours(snap)
+    assert ours.pipelined == {"w-0": "node0", "p-0": "node0"}
+    assert ours.evictions == {"sharer-0"}
+    assert all("p-0" not in d.pipelined and not d.evictions
+               for d in _answers(harness, snap, tmp_path))
+    assert ours in _answers(variants(("kai-bug-pipelined-gpus-as-idle-taken",)), snap, tmp_path)
+    found = kai_fuzz.attribute({0: snap}, {0: ours}, 3, 12, 1, tmp_path, variants)
+    assert found == {0: ("kai-bug-pipelined-gpus-as-idle-taken",)}
+
+
 def test_dev02_variant_keeps_running_and_pipelined_pods_victims(
         harness: pathlib.Path, variants: kai_fuzz.VariantBinaries,
         tmp_path: pathlib.Path) -> None:

@@ -93,6 +93,14 @@ _UNALLOCATED_SHARER = _go("""
     if ni.UsedSharedGPUsMemory[gpuGroup] <= 0 {
 """, depth=2)
 
+_USED_SHARED_GPUS = "func (ni *NodeInfo) getNumberOfUsedSharedGPUs() int {\n"
+_LAST_RELEASING_SHARER = _go("""
+        ni.markSharedGpuAsReleasing(gpuGroup)
+    }
+    if int(ni.GetNumberOfGPUsInNode()) < int(ni.Idle.GPUs())+ni.getNumberOfUsedGPUs() {
+""", depth=3)
+
+_SHARING_NODE_INFO = "pkg/scheduler/api/node_info/gpu_sharing_node_info.go"
 _UNPIPELINE = ("\t\t\treturn s.unpipeline(task, previousNode, previousStatus, previousGpuGroup, "
                "previousIsVirtualStatus)\n")
 
@@ -268,6 +276,39 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
 
                     if ni.UsedSharedGPUsMemory[gpuGroup] <= 0 {
                 """, depth=2)),
+        ),
+    ),
+    Variant(
+        name="kai-bug-pipelined-gpus-as-idle-taken",
+        deviation="DEV-12",
+        why="a shared device whose last allocated sharer is evicted keeps the node's idle GPUs "
+            "as they were (KAI v0.12.0 counts whole GPUs pipelined pods wait for as taken from "
+            "idle, and takes one more idle GPU away)",
+        edits=(
+            # a pipelined pod's whole GPUs are in Used but were charged to Releasing, not Idle
+            # (node_info.go addTaskResources); the guard that keeps Idle + used within the node
+            # (meant for a releasing pod that opens a device) counted them and took an idle GPU
+            Edit(_SHARING_NODE_INFO, _USED_SHARED_GPUS, _go("""
+                    // kaiRayPipelinedWholeGPUs counts the whole GPUs pipelined pods on the node
+                    // wait for (charged to Releasing, not Idle): kai-ray variant DEV-12.
+                    func (ni *NodeInfo) kaiRayPipelinedWholeGPUs() int {
+                        gpus := 0.0
+                        for _, pod := range ni.PodInfos {
+                            if pod.Status == pod_status.Pipelined && !pod.IsSharedGPUAllocation() {
+                                gpus += pod.AcceptedResource.GPUs()
+                            }
+                        }
+                        return int(gpus)
+                    }
+
+                """, depth=0) + "\n" + _USED_SHARED_GPUS),
+            Edit(_SHARING_NODE_INFO, _LAST_RELEASING_SHARER, _go("""
+                        ni.markSharedGpuAsReleasing(gpuGroup)
+                    }
+                    // kai-ray variant DEV-12: the whole GPUs of pipelined pods left out
+                    used := ni.getNumberOfUsedGPUs() - ni.kaiRayPipelinedWholeGPUs()
+                    if int(ni.GetNumberOfGPUsInNode()) < int(ni.Idle.GPUs())+used {
+                """, depth=3)),
         ),
     ),
 )}

@@ -83,11 +83,13 @@ def place_tasks(sess: Session, job: JobState, tasks: list[Task], pipeline_only: 
 
 
 def _pipeline_whole_gang_if_needed(sess: Session, job: JobState, placed: list[Task]) -> None:
-    """If part of the gang waits for releasing resources while a podset is still below its
-    minimum counting only really allocated pods, the whole attempt waits (is pipelined)."""
-    if not any(t.status == PodStatus.PIPELINED for t in placed):
-        return
+    """If a podset has a pod waiting for releasing resources (pipelined by this attempt or by an
+    earlier one of the same job) while it is still below its minimum counting only really
+    allocated pods, the whole attempt waits (is pipelined): an extra pod must not start while
+    its gang still waits (KAI ShouldPipelineJob)."""
     for ps in job.podsets.values():
+        if not any(t.status == PodStatus.PIPELINED for t in ps.tasks):
+            continue
         bound = sum(1 for t in ps.tasks if t.status in (PodStatus.ALLOCATED, PodStatus.BINDING,
                                                          PodStatus.BOUND, PodStatus.RUNNING))
         if bound < ps.min_member:

@@ -125,13 +125,13 @@ pub fn place_tasks(
     true
 }
 
-/// If part of the gang waits for releasing resources while a podset is still below its minimum
-/// counting only really allocated pods, the whole attempt waits (is pipelined).
+/// If a podset has a pod waiting for releasing resources (pipelined by this attempt or by an
+/// earlier one of the same job) while it is still below its minimum counting only really
+/// allocated pods, the whole attempt waits (is pipelined): an extra pod must not start while its
+/// gang still waits (KAI ShouldPipelineJob).
 fn pipeline_whole_gang_if_needed(sess: &mut Session, job: usize, placed: &[usize]) {
-    if !placed.iter().any(|&t| sess.tasks[t].status == PodStatus::Pipelined) {
-        return;
-    }
     let below = sess.jobs[job].podsets.iter().any(|ps| {
+        let waiting = ps.tasks.iter().any(|&t| sess.tasks[t].status == PodStatus::Pipelined);
         let bound = ps
             .tasks
             .iter()
@@ -145,7 +145,7 @@ fn pipeline_whole_gang_if_needed(sess: &mut Session, job: usize, placed: &[usize
                 )
             })
             .count() as i64;
-        bound < ps.min_member
+        waiting && bound < ps.min_member
     });
     if below {
         for &t in placed {
