@@ -298,6 +298,22 @@ def test_dev12_case_is_proven_by_its_variant(harness: pathlib.Path,
     assert found == {0: ("kai-bug-pipelined-gpus-as-idle-taken",)}
 
 
+def test_dev14_case_is_proven_by_its_variant(harness: pathlib.Path,
+                                             variants: kai_fuzz.VariantBinaries,
+                                             tmp_path: pathlib.Path) -> None:
+    """DEV-14's case: stock KAI's preempt action panics when elastic, whose pods it took for
+    big, comes up as a preemptor with no pod left to allocate; kai-ray decides nothing more
+    for elastic, and so does KAI with upstream's nil-scenario guard."""
+    snap = _case("DEV-14")
+    ours = _ours(snap)
+    assert ours.evictions == {"elastic-0", "elastic-1"} and set(ours.pipelined) == {"big-0"}
+    stock = kai_fuzz.run_kai(harness, {"x": snap}, 3, 1, tmp_path)["x"]
+    assert "panicked" in stock.get("error", ""), stock
+    assert ours in _answers(variants(("kai-bug-nil-scenario",)), snap, tmp_path)
+    found = kai_fuzz.attribute({0: snap}, {0: ours}, 3, 12, 1, tmp_path, variants)
+    assert found == {0: ("kai-bug-nil-scenario",)}
+
+
 def test_dev02_variant_keeps_running_and_pipelined_pods_victims(
         harness: pathlib.Path, variants: kai_fuzz.VariantBinaries,
         tmp_path: pathlib.Path) -> None:

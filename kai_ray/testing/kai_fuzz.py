@@ -27,8 +27,9 @@ arrive. A round ours matches none of KAI's answers is run on KAI patched to deci
 does on one documented deviation (kai_ray.testing.kai_variants: each variant alone, then all
 together): if ours matches one, the round is attributed to that deviation and the seed goes on
 from kai-ray's decisions. Otherwise the seed stops at that divergence, which is printed (with the
-snapshot's file when `--keep` is given); a seed on which KAI's code panics stops there and is
-counted apart. The exit status is nonzero only for divergences no variant explains.
+snapshot's file when `--keep` is given); a round on which KAI's code panics goes to the variants
+too, and the seed stops there, counted apart, when none decides it. The exit status is nonzero
+only for divergences no variant explains.
 
 What KAI's test utilities cannot express is not generated (kai_ray.testing.kai_harness says what):
 sub-groups, gpu-memory requests, CPU and memory quotas, placement constraints, stale gangs.
@@ -415,12 +416,19 @@ def fuzz(seeds: Sequence[int], rounds: int = 4, runs: int = 3, procs: int = 8,
                               procs, pathlib.Path(tmp))
             following: dict[int, Snapshot] = {}
             unmatched: dict[int, tuple[Decisions, list[Decisions]]] = {}
+            # rounds where KAI's code panicked: a variant may decide them (DEV-14 is KAI's own
+            # fix of a crash), else the seed stops there
+            panicked: dict[int, tuple[Decisions, str]] = {}
             for seed, snap in live.items():
                 out = outcomes[seed]
                 answer = answers[f"{seed}/{r}"]
                 if answer.get("error", "").startswith("KAI panicked"):
-                    out.kai_panic = f"round {r}: {answer['error']}"
-                    _keep(keep, seed, r, snap)
+                    if attributing:
+                        ours = our_decisions(snap, schedule(snap, config, now=0.0, core=core))
+                        panicked[seed] = (ours, answer["error"])
+                    else:
+                        out.kai_panic = f"round {r}: {answer['error']}"
+                        _keep(keep, seed, r, snap)
                     continue
                 if answer.get("error"):
                     out.error = f"round {r}: the harness refused the snapshot: {answer['error']}"
@@ -445,16 +453,20 @@ def fuzz(seeds: Sequence[int], rounds: int = 4, runs: int = 3, procs: int = 8,
                         out.kai_varied += 1
                         _matched(out, snap, ours, following, r)
                         del unmatched[seed]
-            if unmatched and attributing:
-                found = attribute({s: live[s] for s in unmatched},
-                                  {s: ours for s, (ours, _) in unmatched.items()}, runs,
-                                  retry_runs, procs, pathlib.Path(tmp), variants)
+            if (unmatched or panicked) and attributing:
+                found = attribute({s: live[s] for s in [*unmatched, *panicked]},
+                                  {s: ours for s, (ours, _) in [*unmatched.items(),
+                                                                *panicked.items()]},
+                                  runs, retry_runs, procs, pathlib.Path(tmp), variants)
                 for seed, names in found.items():
                     out = outcomes[seed]
                     out.attributed.append((r, names))
+                    ours = (unmatched.pop(seed) if seed in unmatched else panicked.pop(seed))[0]
                     # kai-ray's decisions are the product: the seed goes on from them
-                    following[seed] = arrivals(next_snapshot(live[seed], unmatched.pop(seed)[0]),
-                                               seed, r)
+                    following[seed] = arrivals(next_snapshot(live[seed], ours), seed, r)
+            for seed, (_, error) in panicked.items():
+                outcomes[seed].kai_panic = f"round {r}: {error}"
+                _keep(keep, seed, r, live[seed])
             if unmatched:
                 for seed, (ours, theirs) in unmatched.items():
                     out, snap = outcomes[seed], live[seed]
@@ -514,11 +526,20 @@ def show(seed: int, rounds: int, core: str, kai_log: int | None = None) -> None:
                 log = (kai_log, pathlib.Path(f"kai-seed-{seed}-round-{r}.log"))
                 print(f"  KAI's log: {log[1]}")
             answer = run_kai(binary, {"x": snap}, 1 if log else 3, 1, pathlib.Path(tmp), log)["x"]
-            if answer.get("error"):
-                print(f"  KAI: {answer['error']}")
-                return
-            theirs = [kai_decisions(snap, run) for run in answer["runs"]]
             ours = our_decisions(snap, schedule(snap, SchedulerConfig(), now=0.0, core=core))
+            if answer.get("error"):
+                print(f"  KAI: {answer['error']}\n  kai-ray: {ours}")
+                found = None
+                if answer["error"].startswith("KAI panicked"):
+                    found = attribute({0: snap}, {0: ours}, 3, 12, 1, pathlib.Path(tmp),
+                                      variants).get(0)
+                if found is None:
+                    return
+                print(f"  ATTRIBUTED: KAI with variants {', '.join(found)} decides as kai-ray "
+                      "does; going on with kai-ray's decisions")
+                snap = arrivals(next_snapshot(snap, ours), seed, r)
+                continue
+            theirs = [kai_decisions(snap, run) for run in answer["runs"]]
             print(f"  KAI: {theirs[0]}\n  kai-ray: {ours}")
             if ours not in theirs:
                 more = run_kai(binary, {"x": snap}, 12, 1, pathlib.Path(tmp))["x"].get("runs")

@@ -84,6 +84,9 @@ _EVICT_LOOP = _go("""
 """)
 
 _PRIORITY_QUEUE = "pkg/scheduler/scheduler_util/priority_queue.go"
+_IDLE_GPUS = "pkg/scheduler/actions/common/solvers/accumulated_scenario_filters/idle_gpus.go"
+_IDLE_GPU_MAP = ("\tidleGpusMap, relevantNodesSorted := createGpuMap(nodeInfosMap, "
+                 "len(scenario.PendingTasks()))\n")
 _FIX = "func (q *PriorityQueue) Fix(index int) {\n"
 _NEXT_DEPARTMENT = "\tdepartment := jobsOrder.getNextDepartment()\n"
 
@@ -309,6 +312,24 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
                     used := ni.getNumberOfUsedGPUs() - ni.kaiRayPipelinedWholeGPUs()
                     if int(ni.GetNumberOfGPUsInNode()) < int(ni.Idle.GPUs())+used {
                 """, depth=3)),
+        ),
+    ),
+    Variant(
+        name="kai-bug-nil-scenario",
+        deviation="DEV-14",
+        why="a preemptor left with no pod to allocate gets no victim scenario, and no solution "
+            "(KAI v0.12.0 builds its idle-GPU filter on the missing scenario and panics; "
+            "upstream's own fix, fc2b3e23)",
+        edits=(
+            # a job whose pods a committed preemption evicted earlier in the action keeps its
+            # cached pods to allocate (made while the evictions were virtual); its partial job
+            # then has none, NewPodAccumulatedScenarioBuilder leaves the scenario nil and the
+            # filter dereferences it. The guard upstream added (#1664)
+            Edit(_IDLE_GPUS, _IDLE_GPU_MAP, _go("""
+                if scenario == nil {
+                    return nil // kai-ray variant DEV-14 (upstream fc2b3e23)
+                }
+            """) + _IDLE_GPU_MAP),
         ),
     ),
 )}
