@@ -99,8 +99,14 @@ _GIVE_BACK_IDLE = _go("""
     // no other fractional was allocated here yet
     if int(ni.GetNumberOfGPUsInNode()) >= int(ni.Idle.GPUs())+ni.getNumberOfUsedGPUs() {
 """, depth=3)
+_GIVE_BACK_IDLE_DEV08 = _go("""
+    // no other fractional was allocated here yet
+    if int(ni.GetNumberOfGPUsInNode()) >= int(ni.Idle.GPUs())+ni.getNumberOfUsedGPUs()-
+        ni.kaiRayPipelinedOnlyGPUs() { // kai-ray variant DEV-08
+""", depth=3)
 _USED_GPUS = "func (ni *NodeInfo) getNumberOfUsedGPUs() int {\n"
-_UNEVICT_HERE = "\tif foundOnNode && !updateTaskIfExistsOnNode && !isSharedAndMoveToDifferentGPU {\n"
+_UNEVICT_HERE = ("\tif foundOnNode && !updateTaskIfExistsOnNode && "
+                 "!isSharedAndMoveToDifferentGPU {\n")
 
 _UNPIPELINE = ("\t\t\treturn s.unpipeline(task, previousNode, previousStatus, previousGpuGroup, "
                "previousIsVirtualStatus)\n")
@@ -304,11 +310,7 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
                     }
 
                 """, depth=0) + "\n" + _USED_GPUS),
-            Edit(_SHARING_NODE_INFO, _GIVE_BACK_IDLE, _go("""
-                    // no other fractional was allocated here yet
-                    if int(ni.GetNumberOfGPUsInNode()) >= int(ni.Idle.GPUs())+ni.getNumberOfUsedGPUs()-
-                        ni.kaiRayPipelinedOnlyGPUs() { // kai-ray variant DEV-08
-                """, depth=3)),
+            Edit(_SHARING_NODE_INFO, _GIVE_BACK_IDLE, _GIVE_BACK_IDLE_DEV08),
         ),
     ),
     Variant(
