@@ -297,6 +297,23 @@ def test_dev08_case_is_proven_by_its_variant(harness: pathlib.Path,
     assert found == {0: ("kai-bug-pipelined-device-count",)}
 
 
+def test_dev09_case_is_proven_by_its_variant(harness: pathlib.Path,
+                                             variants: kai_fuzz.VariantBinaries,
+                                             tmp_path: pathlib.Path) -> None:
+    """DEV-09's case (seed 1765's snapshot): stock KAI unevicts j6-0 and j6-1 onto n2, where
+    they were moved, and keeps them there; kai-ray moves j6 to n0, and so does KAI that pipelines
+    a pod placed back on the node it was moved from (its answer varies with Go's map order: one
+    of its runs)."""
+    snap = _case("DEV-09")
+    ours = _ours(snap)
+    assert {ours.pipelined.get(f"j6-{i}") for i in range(3)} == {"n0"}
+    assert all(d.pipelined.get("j6-0") == "n2" and "j6-2" not in d.evictions
+               for d in _answers(harness, snap, tmp_path))
+    assert ours in _answers(variants(("kai-bug-unevict-other-node",)), snap, tmp_path, runs=15)
+    found = kai_fuzz.attribute({0: snap}, {0: ours}, 3, 12, 1, tmp_path, variants)
+    assert found == {0: ("kai-bug-unevict-other-node",)}
+
+
 def test_dev02_variant_keeps_running_and_pipelined_pods_victims(
         harness: pathlib.Path, variants: kai_fuzz.VariantBinaries,
         tmp_path: pathlib.Path) -> None:
