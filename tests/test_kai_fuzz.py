@@ -281,6 +281,39 @@ def test_dev07_case_is_proven_by_its_variant(harness: pathlib.Path,
     assert found == {0: ("kai-stale-shared-gpu-entry",)}
 
 
+def test_dev08_case_is_proven_by_its_variant(harness: pathlib.Path,
+                                             variants: kai_fuzz.VariantBinaries,
+                                             tmp_path: pathlib.Path) -> None:
+    """DEV-08's case: gang is pipelined whole on node0; stock KAI gives back one of the three idle
+    GPUs its allocated pods had taken and refuses cpu (no GPU) on a node at -2 free GPUs; kai-ray
+    binds cpu, and so does KAI that leaves devices only pipelined pods hold out of the check."""
+    snap = _case("DEV-08")
+    ours = _ours(snap)
+    assert ours.binds == {"cpu-0": ("node0", ())} and len(ours.pipelined) == 4
+    assert all(not d.binds and set(d.pipelined) == set(ours.pipelined)
+               for d in _answers(harness, snap, tmp_path))
+    assert ours in _answers(variants(("kai-bug-pipelined-device-count",)), snap, tmp_path)
+    found = kai_fuzz.attribute({0: snap}, {0: ours}, 3, 12, 1, tmp_path, variants)
+    assert found == {0: ("kai-bug-pipelined-device-count",)}
+
+
+def test_dev09_case_is_proven_by_its_variant(harness: pathlib.Path,
+                                             variants: kai_fuzz.VariantBinaries,
+                                             tmp_path: pathlib.Path) -> None:
+    """DEV-09's case (seed 1765's snapshot): stock KAI unevicts j6-0 and j6-1 onto n2, where
+    they were moved, and keeps them there; kai-ray moves j6 to n0, and so does KAI that pipelines
+    a pod placed back on the node it was moved from (its answer varies with Go's map order: one
+    of its runs)."""
+    snap = _case("DEV-09")
+    ours = _ours(snap)
+    assert {ours.pipelined.get(f"j6-{i}") for i in range(3)} == {"n0"}
+    assert all(d.pipelined.get("j6-0") == "n2" and "j6-2" not in d.evictions
+               for d in _answers(harness, snap, tmp_path))
+    assert ours in _answers(variants(("kai-bug-unevict-other-node",)), snap, tmp_path, runs=15)
+    found = kai_fuzz.attribute({0: snap}, {0: ours}, 3, 12, 1, tmp_path, variants)
+    assert found == {0: ("kai-bug-unevict-other-node",)}
+
+
 def test_dev12_case_is_proven_by_its_variant(harness: pathlib.Path,
                                              variants: kai_fuzz.VariantBinaries,
                                              tmp_path: pathlib.Path) -> None:

@@ -87,6 +87,8 @@ _PRIORITY_QUEUE = "pkg/scheduler/scheduler_util/priority_queue.go"
 _IDLE_GPUS = "pkg/scheduler/actions/common/solvers/accumulated_scenario_filters/idle_gpus.go"
 _IDLE_GPU_MAP = ("\tidleGpusMap, relevantNodesSorted := createGpuMap(nodeInfosMap, "
                  "len(scenario.PendingTasks()))\n")
+_SHARING_NODE_INFO = "pkg/scheduler/api/node_info/gpu_sharing_node_info.go"
+_STATEMENT = "pkg/scheduler/framework/statement.go"
 _FIX = "func (q *PriorityQueue) Fix(index int) {\n"
 _NEXT_DEPARTMENT = "\tdepartment := jobsOrder.getNextDepartment()\n"
 
@@ -103,7 +105,19 @@ _LAST_RELEASING_SHARER = _go("""
     if int(ni.GetNumberOfGPUsInNode()) < int(ni.Idle.GPUs())+ni.getNumberOfUsedGPUs() {
 """, depth=3)
 
-_SHARING_NODE_INFO = "pkg/scheduler/api/node_info/gpu_sharing_node_info.go"
+_GIVE_BACK_IDLE = _go("""
+    // no other fractional was allocated here yet
+    if int(ni.GetNumberOfGPUsInNode()) >= int(ni.Idle.GPUs())+ni.getNumberOfUsedGPUs() {
+""", depth=3)
+_GIVE_BACK_IDLE_DEV08 = _go("""
+    // no other fractional was allocated here yet
+    if int(ni.GetNumberOfGPUsInNode()) >= int(ni.Idle.GPUs())+ni.getNumberOfUsedGPUs()-
+        ni.kaiRayPipelinedOnlyGPUs() { // kai-ray variant DEV-08
+""", depth=3)
+_USED_GPUS = "func (ni *NodeInfo) getNumberOfUsedGPUs() int {\n"
+_UNEVICT_HERE = ("\tif foundOnNode && !updateTaskIfExistsOnNode && "
+                 "!isSharedAndMoveToDifferentGPU {\n")
+
 _UNPIPELINE = ("\t\t\treturn s.unpipeline(task, previousNode, previousStatus, previousGpuGroup, "
                "previousIsVirtualStatus)\n")
 
@@ -330,6 +344,50 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
                     return nil // kai-ray variant DEV-14 (upstream fc2b3e23)
                 }
             """) + _IDLE_GPU_MAP),
+        ),
+    ),
+    Variant(
+        name="kai-bug-pipelined-device-count",
+        deviation="DEV-08",
+        why="an allocated sharer taken off the last device it held gives that device's GPU back "
+            "to idle (KAI v0.12.0 counts the devices only pipelined pods hold as taking idle "
+            "GPUs, and keeps it)",
+        edits=(
+            # a device only pipelined pods hold took a releasing GPU (addSharedTaskResources'
+            # Pipelined case), not an idle one; counted here as used, it makes the node look full
+            # and the GPU of the emptied device is not given back: allocate re-pipelining a gang
+            # of fractions left Idle + Releasing below zero
+            Edit(_SHARING_NODE_INFO, _USED_GPUS, _go("""
+                    // kaiRayPipelinedOnlyGPUs counts the devices only pipelined pods hold (their
+                    // memory is all taken from releasing): kai-ray variant DEV-08.
+                    func (ni *NodeInfo) kaiRayPipelinedOnlyGPUs() int {
+                        count := 0
+                        for gpuGroup, used := range ni.UsedSharedGPUsMemory {
+                            if used > 0 && used+ni.ReleasingSharedGPUsMemory[gpuGroup] == 0 {
+                                count++
+                            }
+                        }
+                        return count
+                    }
+
+                """, depth=0) + "\n" + _USED_GPUS),
+            Edit(_SHARING_NODE_INFO, _GIVE_BACK_IDLE, _GIVE_BACK_IDLE_DEV08),
+        ),
+    ),
+    Variant(
+        name="kai-bug-unevict-other-node",
+        deviation="DEV-09",
+        why="a pod placed back on the node it was moved from is pipelined there, not unevicted "
+            "onto the node it was moved to (KAI v0.12.0 undoes its eviction from that other node)",
+        edits=(
+            # a pod moved by an earlier statement keeps its Releasing record on the node it left;
+            # Pipeline took that record for "evicted from here" and undid the pod's eviction,
+            # which is from its new node: the pod went back there, unchecked. Only a pod whose
+            # own node is this one is unevicted
+            Edit(_STATEMENT, _UNEVICT_HERE, _go("""
+                    if foundOnNode && !updateTaskIfExistsOnNode && !isSharedAndMoveToDifferentGPU &&
+                        task.NodeName == hostname { // kai-ray variant DEV-09
+                """)),
         ),
     ),
 )}
