@@ -37,9 +37,12 @@ def test_the_wheel_ships_the_native_core(tmp_path: Path) -> None:
         shutil.copy2(ROOT / name, src / name)
     shutil.copytree(ROOT / "kai_ray", src / "kai_ray",
                     ignore=shutil.ignore_patterns("__pycache__", "*.so"))
-    shutil.copytree(ROOT / "native", src / "native", ignore=shutil.ignore_patterns("target"))
+    # copied with new modification times: cargo's target directory here is the wheel test's
+    # own, and cargo takes a crate whose files are older than its last build for built
+    shutil.copytree(ROOT / "native", src / "native", ignore=shutil.ignore_patterns("target"),
+                    copy_function=shutil.copy)
     env = {**os.environ, "KAI_RAY_NATIVE": "1",
-           "CARGO_TARGET_DIR": str(native_core.cache_root() / "native-target")}
+           "CARGO_TARGET_DIR": str(native_core.cache_root() / "native-targets" / "wheel-test")}
     proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-build-isolation",
                            "--no-deps", "-w", str(tmp_path / "dist"), str(src)],
                           env=env, capture_output=True, text=True, timeout=900)

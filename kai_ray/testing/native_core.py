@@ -2,12 +2,14 @@
 benchmarks and local runs.
 
 `build()` runs `cargo build --release` once per version of the Rust sources (cached under
-$KAI_RAY_CACHE, default ~/.cache/kai-ray: the cargo target directory in native-target/, the
-module in native/<hash>/) and returns the directory holding `kai_ray_native.so`. Put it first on
+$KAI_RAY_CACHE, default ~/.cache/kai-ray: cargo's target directory in native-targets/<checkout>/,
+one per source checkout, the module in native/<hash>/) and returns the directory holding
+`kai_ray_native.so`. Put it first on
 PYTHONPATH (`env(path)`) or on sys.path (`use(path)`) and `kai_ray.core.schedule` runs it.
 The image builds the same module into its wheel (setup.py, KAI_RAY_NATIVE=1).
 
     python3 -m kai_ray.testing.native_core        # builds if needed, prints the directory
+    python3 -m kai_ray.testing.native_core --target-dir   # this checkout's cargo target dir
     export PYTHONPATH="$(python3 -m kai_ray.testing.native_core)${PYTHONPATH:+:$PYTHONPATH}"
 """
 
@@ -37,6 +39,15 @@ _MARKER = ".built"
 
 def cache_root() -> Path:
     return Path(os.environ.get("KAI_RAY_CACHE", Path.home() / ".cache" / "kai-ray"))
+
+
+def target_dir() -> Path:
+    """Cargo's target directory for this checkout. Not shared between checkouts: cargo decides
+    that a crate is fresh by the modification times of the files its last build read, so after
+    a build from another checkout it would take a checkout whose files are older (a worktree
+    made earlier) for built, and hand back the other checkout's library."""
+    checkout = hashlib.sha256(str(NATIVE).encode()).hexdigest()[:12]
+    return cache_root() / "native-targets" / checkout
 
 
 def _sources() -> list[Path]:
@@ -77,7 +88,7 @@ def build(log: Callable[[str], None] = print) -> Path:
     if (final / _MARKER).is_file():
         os.utime(final)
         return final
-    target = root / "native-target"
+    target = target_dir()
     target.mkdir(parents=True, exist_ok=True)
     final.parent.mkdir(parents=True, exist_ok=True)
     # one build at a time per target directory, held until the library is copied: another
@@ -106,7 +117,8 @@ def build(log: Callable[[str], None] = print) -> Path:
         finally:
             if work.exists():
                 shutil.rmtree(work, ignore_errors=True)
-    prune(final.parent, keep=final, marker=_MARKER)
+    # builds other checkouts made may still be in use: keep a few
+    prune(final.parent, keep=final, versions=8, marker=_MARKER)
     return final
 
 
@@ -130,6 +142,9 @@ def use(path: Path) -> None:
 
 
 def main() -> int:
+    if sys.argv[1:] == ["--target-dir"]:
+        print(target_dir())
+        return 0
     try:
         path = build(log=lambda m: print(m, file=sys.stderr))
     except (FileNotFoundError, RuntimeError) as exc:
