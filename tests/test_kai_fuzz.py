@@ -347,6 +347,31 @@ def test_dev14_case_is_proven_by_its_variant(harness: pathlib.Path,
     assert found == {0: ("kai-bug-nil-scenario",)}
 
 
+
+
+def _seed_round(seed: int, rounds: int) -> Snapshot:
+    """The fuzzer's snapshot of `seed` after `rounds` rounds of kai-ray's decisions."""
+    snap = kai_fuzz.random_snapshot(seed)
+    for r in range(rounds):
+        snap = kai_fuzz.arrivals(kai_fuzz.next_snapshot(snap, _ours(snap)), seed, r)
+    return snap
+
+
+def test_dev10_seed_is_proven_by_its_variant(harness: pathlib.Path,
+                                             variants: kai_fuzz.VariantBinaries,
+                                             tmp_path: pathlib.Path) -> None:
+    """DEV-10 on seed 585, round 3 (no scenario case yet): a discarded reclaim scenario evicts
+    the three pipelined sharers of n0's device; undone, stock KAI keeps n0 a GPU short and
+    refuses the CPU-only j0 there, so it reclaims nothing for j10. kai-ray moves j0 to n0, and
+    so does KAI that gives the releasing GPU back (with DEV-04's undo fixed as well: a later
+    scenario of the round moves a sharer within n0 and drops it)."""
+    snap = _seed_round(585, 3)
+    ours = _ours(snap)
+    assert {"j0-0", "j0-1"} <= ours.evictions and ours.pipelined.get("j0-0") == "n0"
+    assert all(not {"j0-0", "j0-1"} & d.evictions for d in _answers(harness, snap, tmp_path))
+    assert ours in _answers(variants(("kai-bug-discarded-move", "kai-bug-kept-reservation")),
+                            snap, tmp_path)
+
 def test_dev02_variant_keeps_running_and_pipelined_pods_victims(
         harness: pathlib.Path, variants: kai_fuzz.VariantBinaries,
         tmp_path: pathlib.Path) -> None:

@@ -392,7 +392,12 @@ def scenario_queue(sess: Session, wanted: list[JobState], pending: PendingOrder 
     takes all its pending jobs; a contested leaf under an uncontested parent only those before
     its last wanted job (after that it has nothing to stand for); any other leaf none (when
     every wanted job is in one queue, their own job order is the whole answer)."""
-    numbers = [job.order_number(sess) for job in wanted]
+    # the preemptor's partial job holds only the prefix's pending pods, each podset's minimum
+    # that many: it is below its minimum (the elastic order's first rank), however many of the
+    # whole job's pods run (job_solver.go getPartialJobRepresentative, elastic.go JobOrderFn)
+    first = wanted[0]
+    numbers = [sess.order_number((-first.priority, 0, first.created, first.name))]
+    numbers += [job.order_number(sess) for job in wanted[1:]]
     heaps: dict[str, list[tuple[int, int, JobState]]] = {}
     last: dict[str, int] = {}  # per leaf: its last wanted job's number
     for job, number in zip(wanted, numbers, strict=True):

@@ -390,6 +390,26 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
                 """)),
         ),
     ),
+    Variant(
+        name="kai-bug-kept-reservation",
+        deviation="DEV-10",
+        why="a pipelined sharer taken off a device whose other sharers are all releasing "
+            "gives back the releasing GPU its pipelining took (KAI v0.12.0 does so only for "
+            "a device left empty, and a node whose pipelined sharers a discarded scenario "
+            "evicted ends a GPU short)",
+        edits=(
+            # adding a pipelined sharer takes a releasing GPU when the device, without it, has
+            # used memory equal to its releasing memory (empty or all releasing); taking it off
+            # checks the same equation with the sharer still counted, where its memory sits on
+            # the two sides with opposite signs, so it never holds while another sharer stays
+            Edit(_SHARING_NODE_INFO,
+                 "\t\tif ni.isPipelinedToReleasingGpu(task, gpuGroup) {\n",
+                 _go("""
+                    // kai-ray variant DEV-10: the device without the sharer, as adding it checks
+                    if ni.UsedSharedGPUsMemory[gpuGroup] == ni.ReleasingSharedGPUsMemory[gpuGroup] {
+                """, depth=2)),
+        ),
+    ),
 )}
 
 

@@ -543,8 +543,16 @@ pub fn scenario_queue(sess: &mut Session, wanted: &[usize], prefix: &[usize]) ->
     let mut entries: Vec<(usize, (i64, u64, usize))> = Vec::with_capacity(wanted.len());
     // per queue key: its last wanted job's number, in the order first seen
     let mut last: Vec<(usize, i64)> = Vec::new();
-    for &job in wanted {
-        let number = sess.job_order_number(job);
+    for (i, &job) in wanted.iter().enumerate() {
+        // the preemptor (first) stands as its partial job: only the prefix's pending pods, each
+        // podset's minimum that many, so below its minimum (the elastic order's first rank)
+        // however many of the whole job's pods run (job_solver.go getPartialJobRepresentative)
+        let number = if i == 0 {
+            let (priority, created) = (sess.jobs[job].priority, sess.jobs[job].created);
+            sess.order_number(-priority, 0, created, job)
+        } else {
+            sess.job_order_number(job)
+        };
         let key = sess.jobs[job].queue_key;
         entries.push((key, (number, 0, job)));
         match last.iter_mut().find(|(k, _)| *k == key) {
