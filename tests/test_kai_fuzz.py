@@ -372,6 +372,22 @@ def test_dev10_seed_is_proven_by_its_variant(harness: pathlib.Path,
     assert ours in _answers(variants(("kai-bug-discarded-move", "kai-bug-kept-reservation")),
                             snap, tmp_path)
 
+
+def test_dev10_second_seed_is_proven_by_its_variant(harness: pathlib.Path,
+                                                    variants: kai_fuzz.VariantBinaries,
+                                                    tmp_path: pathlib.Path) -> None:
+    """DEV-10 on seed 1906, round 1: consolidation pipelined j7's three fractions onto the
+    device j5-0 releases on n1; j8's scenarios evict them (each turns releasing there), and stock
+    KAI keeps the releasing GPU the pipelining took while the device is still counted off idle,
+    so n1 has no GPU left for j8. kai-ray pipelines j8 beside them, and so does KAI that gives
+    the releasing GPU back, with no other deviation."""
+    snap = _seed_round(1906, 1)
+    ours = _ours(snap)
+    assert ours.pipelined.get("j8-0") == ours.pipelined.get("j8-1") == "n1"
+    assert all(not {"j8-0", "j8-1"} & set(d.pipelined) for d in _answers(harness, snap, tmp_path))
+    assert ours in _answers(variants(("kai-bug-kept-reservation",)), snap, tmp_path)
+
+
 def test_dev02_variant_keeps_running_and_pipelined_pods_victims(
         harness: pathlib.Path, variants: kai_fuzz.VariantBinaries,
         tmp_path: pathlib.Path) -> None:
