@@ -151,3 +151,18 @@ def test_a_scenarios_preemptor_is_ordered_below_its_minimum(core: str) -> None:
     assert {p.pod: p.node for p in result.pipelined} == {"j6-2": "n2"}
     assert sorted(e.pod for e in result.evictions) == ["j4-0", "j4-1"]
     assert {b.pod: b.node for b in result.binds} == {"j14-0": "n0", "j6-0": "n1"}
+
+
+def test_a_moved_victims_job_is_tried_on_the_nodes_its_pods_are_on_now(core: str) -> None:
+    # reclaim for j4 moved j7's four 0.75 pods (j7-0 to another device of n3, the others to
+    # n5). Reclaim for j3 (4 GPUs) then takes j7 as a potential victim and tries the nodes j7's
+    # pods are on now, n3 and n5; on n3 it evicts all of j7, puts j7-0 on n1 and j3-0 on n4
+    # (fuzzer seed 779, round 0). kai-ray also tried the nodes j7's pods were moved from, and on
+    # n1, with no potential victim there, pipelined j3-0 on n5 with no victim at all.
+    snap = _fuzz_round(779, 0, core)
+    result = schedule(snap, SchedulerConfig(), 0.0, core=core)
+    pipelined = {p.pod: p.node for p in result.pipelined}
+    assert pipelined["j3-0"] == "n4" and pipelined["j7-0"] == "n1"
+    assert {pipelined[f"j7-{i}"] for i in (1, 2, 3)} == {"n5"}
+    assert sorted(e.pod for e in result.evictions) == [
+        "j5-0", "j5-1", "j5-2", "j7-0", "j7-1", "j7-2", "j7-3"]

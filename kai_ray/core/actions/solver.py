@@ -451,11 +451,13 @@ class Solver:
                 potential.extend(taken)
             if not room.enough():
                 continue  # even every victim so far would not free enough GPUs: skip simulating
-            # a scenario per node of each taken victim's job, any of its pods (KAI's
-            # getNodesOfJob, by_pod_solver.go:86,204): on one with no potential victim (or for
-            # a pending pod, no node) only the recorded victims go, and that may be enough now
-            # that earlier jobs of the action left GPUs releasing
-            for node in sorted({p.node for taken in takes for p in taken[0].job.tasks}):
+            # a scenario per node of each taken victim's job, any of its pods where it is now
+            # (KAI's getNodesOfJob, by_pod_solver.go:86,204: a moved pod is on the node it was
+            # moved to, not the one it leaves; fuzzer seed 779): on one with no potential
+            # victim (or for a pending pod, no node) only the recorded victims go, and that may
+            # be enough now that earlier jobs of the action left GPUs releasing
+            for node in sorted({p.node for taken in takes for p in taken[0].job.tasks
+                                if p.moved is None}):
                 on_node = jobs_on.get(node, set())
                 added = [t for t in potential if id(t.job) in on_node]
                 if not added:

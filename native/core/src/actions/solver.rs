@@ -583,13 +583,15 @@ impl<'a> Solver<'a> {
                     continue; // even every victim so far would not free enough GPUs
                 }
             }
-            // a scenario per node of each taken victim's job, any of its pods (KAI's
-            // getNodesOfJob, by_pod_solver.go:86,204): on one with no potential victim (or for
-            // a pending pod, no node) only the recorded victims go, and that may be enough now
-            // that earlier jobs of the action left GPUs releasing
+            // a scenario per node of each taken victim's job, any of its pods where it is now
+            // (KAI's getNodesOfJob, by_pod_solver.go:86,204: a moved pod is on the node it was
+            // moved to, not the one it leaves; fuzzer seed 779): on one with no potential
+            // victim (or for a pending pod, no node) only the recorded victims go, and that may
+            // be enough now that earlier jobs of the action left GPUs releasing
             let mut nodes: Vec<i32> = takes
                 .groups()
                 .flat_map(|g| sess.jobs[sess.tasks[g[0]].job].tasks.iter())
+                .filter(|&&t| sess.tasks[t].moved.is_none())
                 .map(|&t| sess.tasks[t].node)
                 .collect();
             nodes.sort_unstable();
