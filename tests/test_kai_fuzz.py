@@ -388,6 +388,26 @@ def test_dev10_second_seed_is_proven_by_its_variant(harness: pathlib.Path,
     assert ours in _answers(variants(("kai-bug-kept-reservation",)), snap, tmp_path)
 
 
+def test_dev14_stale_cache_seed_is_proven_by_its_variant(harness: pathlib.Path,
+                                                         variants: kai_fuzz.VariantBinaries,
+                                                         tmp_path: pathlib.Path) -> None:
+    """DEV-14's stale cache on seed 1141, round 1: reclaim for j4 commits evicting j0's running
+    pods, and KAI keeps j0's cached pods to allocate (those two, listed while their eviction was
+    virtual), so j0 asks for nothing: it heads d1 in j2's victim scenarios at no cost, d1 goes
+    before d0 and j2 is placed before its victim j1. Stock KAI then panics on j0 as a
+    preemptor; with the nil-scenario guard it pipelines j2 whole onto n3. kai-ray counts j0's
+    two pending pods (d0 first: j1 placed again before j2), and so does KAI that drops a job's
+    cache when an eviction is committed, with no other deviation."""
+    snap = _seed_round(1141, 1)
+    ours = _ours(snap)
+    assert ours.pipelined.get("j2-1") == "n4" and ours.pipelined.get("j1-1") == "n3"
+    assert all(d.pipelined.get("j2-1") == "n3"
+               for d in _answers(variants(("kai-bug-nil-scenario",)), snap, tmp_path))
+    assert ours in _answers(variants(("kai-bug-stale-tasks-cache",)), snap, tmp_path)
+    found = kai_fuzz.attribute({0: snap}, {0: ours}, 3, 12, 1, tmp_path, variants)
+    assert found == {0: ("kai-bug-stale-tasks-cache",)}
+
+
 def test_dev02_variant_keeps_running_and_pipelined_pods_victims(
         harness: pathlib.Path, variants: kai_fuzz.VariantBinaries,
         tmp_path: pathlib.Path) -> None:

@@ -624,8 +624,9 @@ def update_known(path: pathlib.Path, outcomes: list[Outcome]) -> None:
 
 
 def deviations(names: Sequence[str]) -> str:
-    """The documented deviations a variant set stands for, e.g. "DEV-02+DEV-03"."""
-    return "+".join(VARIANTS[n].deviation for n in names)
+    """The documented deviations a variant set stands for, e.g. "DEV-02+DEV-03" (each once:
+    two variants may prove one deviation)."""
+    return "+".join(dict.fromkeys(VARIANTS[n].deviation for n in names))
 
 
 def attribution_counts(outcomes: Iterable[Outcome]) -> dict[str, tuple[int, int]]:

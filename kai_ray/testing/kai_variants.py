@@ -89,6 +89,8 @@ _IDLE_GPU_MAP = ("\tidleGpusMap, relevantNodesSorted := createGpuMap(nodeInfosMa
                  "len(scenario.PendingTasks()))\n")
 _SHARING_NODE_INFO = "pkg/scheduler/api/node_info/gpu_sharing_node_info.go"
 _STATEMENT = "pkg/scheduler/framework/statement.go"
+_JOB_INFO = "pkg/scheduler/api/podgroup_info/job_info.go"
+_INVALIDATE = "func (pgi *PodGroupInfo) invalidateTasksCache() {\n"
 _FIX = "func (q *PriorityQueue) Fix(index int) {\n"
 _NEXT_DEPARTMENT = "\tdepartment := jobsOrder.getNextDepartment()\n"
 
@@ -344,6 +346,31 @@ VARIANTS: dict[str, Variant] = {v.name: v for v in (
                     return nil // kai-ray variant DEV-14 (upstream fc2b3e23)
                 }
             """) + _IDLE_GPU_MAP),
+        ),
+    ),
+    Variant(
+        name="kai-bug-stale-tasks-cache",
+        deviation="DEV-14",
+        why="a committed eviction drops its job's cached pods to allocate (KAI v0.12.0 keeps "
+            "the list made while the eviction was virtual: the job asks for nothing in queue "
+            "order, and as a preemptor has no pod to place)",
+        edits=(
+            # commitEvict makes the status real (IsVirtualStatus false) without going through
+            # the job, so the cache (dropped only on a status change) keeps the evicted pods,
+            # which no longer count as pods to allocate: the job's request reads 0 in the queue
+            # order and its partial job as a preemptor is empty (DEV-14's nil scenario)
+            Edit(_JOB_INFO, _INVALIDATE, _go("""
+                // KaiRayInvalidateTasksCache drops the cached pods to allocate: kai-ray variant
+                // DEV-14.
+                func (pgi *PodGroupInfo) KaiRayInvalidateTasksCache() {
+                    pgi.invalidateTasksCache()
+                }
+
+            """, depth=0) + "\n" + _INVALIDATE),
+            Edit(_STATEMENT, "\treclaimee.IsVirtualStatus = false\n", _go("""
+                reclaimee.IsVirtualStatus = false
+                reclaimeePodGroup.KaiRayInvalidateTasksCache() // kai-ray variant DEV-14
+            """)),
         ),
     ),
     Variant(

@@ -166,3 +166,17 @@ def test_a_moved_victims_job_is_tried_on_the_nodes_its_pods_are_on_now(core: str
     assert {pipelined[f"j7-{i}"] for i in (1, 2, 3)} == {"n5"}
     assert sorted(e.pod for e in result.evictions) == [
         "j5-0", "j5-1", "j5-2", "j7-0", "j7-1", "j7-2", "j7-3"]
+
+
+def test_a_job_whose_pods_an_eviction_took_asks_for_its_pending_pods(core: str) -> None:
+    # reclaim for j4 evicts j0's two running pods (q1, department d1); in j2's victim scenarios
+    # j0, with two 4-GPU pods pending, heads d1 with their 8 GPUs (d1 12 of 15, d0 with the
+    # victim j1 14 of 20), so j1 is placed again before j2: j1-1 on n3, j2-1 on n4 (fuzzer seed
+    # 1141, round 1). KAI v0.12.0 keeps j0's stale cached pods (the evicted ones) and weighs d1
+    # with no request, placing j2 first: DEV-14 in docs/kai-deviations.md, proven by the
+    # variant kai-bug-stale-tasks-cache (tests/test_kai_fuzz.py).
+    snap = _fuzz_round(1141, 1, core)
+    result = schedule(snap, SchedulerConfig(), 0.0, core=core)
+    pipelined = {p.pod: p.node for p in result.pipelined}
+    assert pipelined == {"j1-0": "n1", "j1-1": "n3", "j2-0": "n3", "j2-1": "n4", "j4-0": "n2"}
+    assert sorted(e.pod for e in result.evictions) == ["j0-0", "j0-1", "j1-0", "j1-1"]
