@@ -168,6 +168,15 @@ def _answers(binary: pathlib.Path, snap: Snapshot, tmp: pathlib.Path,
     return [kai_fuzz.kai_decisions(snap, run) for run in answer["runs"]]
 
 
+def _proven_by(variant: str, snap: Snapshot, ours: kai_fuzz.Decisions,
+               variants: kai_fuzz.VariantBinaries, tmp: pathlib.Path, runs: int = 3) -> None:
+    """KAI patched by `variant` alone decides as kai-ray does on `snap` (in one of `runs` runs),
+    and the fuzzer's attribution names that variant first."""
+    assert ours in _answers(variants((variant,)), snap, tmp, runs=runs)
+    found = kai_fuzz.attribute({0: snap}, {0: ours}, 3, 12, 1, tmp, variants)
+    assert found == {0: (variant,)}
+
+
 def _case(case_id: str) -> Snapshot:
     return scenario.snapshot_of(next(c for c in scenario.load(SCENARIOS) if c.id == case_id))
 
@@ -214,9 +223,7 @@ def test_dev02_case_is_proven_by_its_variant(harness: pathlib.Path,
     stock = _answers(harness, snap, tmp_path)
     assert all(d.bound_taken_back == {"pod-a-0"} and d.evictions == {"keep-0"} for d in stock)
     assert ours not in stock
-    assert ours in _answers(variants(("dev02-no-bound-victims",)), snap, tmp_path)
-    found = kai_fuzz.attribute({0: snap}, {0: ours}, 3, 12, 1, tmp_path, variants)
-    assert found == {0: ("dev02-no-bound-victims",)}
+    _proven_by("dev02-no-bound-victims", snap, ours, variants, tmp_path)
 
 
 def test_dev04_case_is_proven_by_its_variant(harness: pathlib.Path,
@@ -229,9 +236,7 @@ def test_dev04_case_is_proven_by_its_variant(harness: pathlib.Path,
     ours = _ours(snap)
     assert ours.pipelined.get("frac-0") == "node1"
     assert all(d.pipelined.get("frac-0") == "node0" for d in _answers(harness, snap, tmp_path))
-    assert ours in _answers(variants(("kai-bug-discarded-move",)), snap, tmp_path)
-    found = kai_fuzz.attribute({0: snap}, {0: ours}, 3, 12, 1, tmp_path, variants)
-    assert found == {0: ("kai-bug-discarded-move",)}
+    _proven_by("kai-bug-discarded-move", snap, ours, variants, tmp_path)
 
 
 def test_dev05_case_is_proven_by_its_variant(harness: pathlib.Path,
@@ -245,9 +250,7 @@ def test_dev05_case_is_proven_by_its_variant(harness: pathlib.Path,
     assert ours.evictions == {"elastic-1", "elastic-2", "elastic-3"}
     assert all(d.evictions == {"elastic-2", "elastic-3"} and len(d.pipelined) == 3
                for d in _answers(harness, snap, tmp_path))
-    assert ours in _answers(variants(("kai-bug-double-eviction",)), snap, tmp_path)
-    found = kai_fuzz.attribute({0: snap}, {0: ours}, 3, 12, 1, tmp_path, variants)
-    assert found == {0: ("kai-bug-double-eviction",)}
+    _proven_by("kai-bug-double-eviction", snap, ours, variants, tmp_path)
 
 
 def test_dev06_case_is_proven_by_its_variant(harness: pathlib.Path,
@@ -260,9 +263,7 @@ def test_dev06_case_is_proven_by_its_variant(harness: pathlib.Path,
     assert set(ours.binds) == {"small-0", "two-0", "two-1"}
     assert all(set(d.binds) == {"small-0", "four-0", "four-1", "four-2", "four-3"}
                for d in _answers(harness, snap, tmp_path))
-    assert ours in _answers(variants(("kai-stale-queue-order",)), snap, tmp_path)
-    found = kai_fuzz.attribute({0: snap}, {0: ours}, 3, 12, 1, tmp_path, variants)
-    assert found == {0: ("kai-stale-queue-order",)}
+    _proven_by("kai-stale-queue-order", snap, ours, variants, tmp_path)
 
 
 def test_dev07_case_is_proven_by_its_variant(harness: pathlib.Path,
@@ -276,9 +277,7 @@ def test_dev07_case_is_proven_by_its_variant(harness: pathlib.Path,
     assert ours.pipelined.get("frac-0") == "node0" and not ours.binds
     assert all(d.binds.get("frac-0", ("",))[0] == "node0"
                for d in _answers(harness, snap, tmp_path))
-    assert ours in _answers(variants(("kai-stale-shared-gpu-entry",)), snap, tmp_path)
-    found = kai_fuzz.attribute({0: snap}, {0: ours}, 3, 12, 1, tmp_path, variants)
-    assert found == {0: ("kai-stale-shared-gpu-entry",)}
+    _proven_by("kai-stale-shared-gpu-entry", snap, ours, variants, tmp_path)
 
 
 def test_dev08_case_is_proven_by_its_variant(harness: pathlib.Path,
@@ -292,9 +291,7 @@ def test_dev08_case_is_proven_by_its_variant(harness: pathlib.Path,
     assert ours.binds == {"cpu-0": ("node0", ())} and len(ours.pipelined) == 4
     assert all(not d.binds and set(d.pipelined) == set(ours.pipelined)
                for d in _answers(harness, snap, tmp_path))
-    assert ours in _answers(variants(("kai-bug-pipelined-device-count",)), snap, tmp_path)
-    found = kai_fuzz.attribute({0: snap}, {0: ours}, 3, 12, 1, tmp_path, variants)
-    assert found == {0: ("kai-bug-pipelined-device-count",)}
+    _proven_by("kai-bug-pipelined-device-count", snap, ours, variants, tmp_path)
 
 
 def test_dev09_case_is_proven_by_its_variant(harness: pathlib.Path,
@@ -309,9 +306,7 @@ def test_dev09_case_is_proven_by_its_variant(harness: pathlib.Path,
     assert {ours.pipelined.get(f"j6-{i}") for i in range(3)} == {"n0"}
     assert all(d.pipelined.get("j6-0") == "n2" and "j6-2" not in d.evictions
                for d in _answers(harness, snap, tmp_path))
-    assert ours in _answers(variants(("kai-bug-unevict-other-node",)), snap, tmp_path, runs=15)
-    found = kai_fuzz.attribute({0: snap}, {0: ours}, 3, 12, 1, tmp_path, variants)
-    assert found == {0: ("kai-bug-unevict-other-node",)}
+    _proven_by("kai-bug-unevict-other-node", snap, ours, variants, tmp_path, runs=15)
 
 
 def test_dev12_case_is_proven_by_its_variant(harness: pathlib.Path,
@@ -326,9 +321,7 @@ def test_dev12_case_is_proven_by_its_variant(harness: pathlib.Path,
     assert ours.evictions == {"sharer-0"}
     assert all("p-0" not in d.pipelined and not d.evictions
                for d in _answers(harness, snap, tmp_path))
-    assert ours in _answers(variants(("kai-bug-pipelined-gpus-as-idle-taken",)), snap, tmp_path)
-    found = kai_fuzz.attribute({0: snap}, {0: ours}, 3, 12, 1, tmp_path, variants)
-    assert found == {0: ("kai-bug-pipelined-gpus-as-idle-taken",)}
+    _proven_by("kai-bug-pipelined-gpus-as-idle-taken", snap, ours, variants, tmp_path)
 
 
 def test_dev14_case_is_proven_by_its_variant(harness: pathlib.Path,
@@ -342,9 +335,7 @@ def test_dev14_case_is_proven_by_its_variant(harness: pathlib.Path,
     assert ours.evictions == {"elastic-0", "elastic-1"} and set(ours.pipelined) == {"big-0"}
     stock = kai_fuzz.run_kai(harness, {"x": snap}, 3, 1, tmp_path)["x"]
     assert "panicked" in stock.get("error", ""), stock
-    assert ours in _answers(variants(("kai-bug-nil-scenario",)), snap, tmp_path)
-    found = kai_fuzz.attribute({0: snap}, {0: ours}, 3, 12, 1, tmp_path, variants)
-    assert found == {0: ("kai-bug-nil-scenario",)}
+    _proven_by("kai-bug-nil-scenario", snap, ours, variants, tmp_path)
 
 
 
@@ -403,9 +394,7 @@ def test_dev14_stale_cache_seed_is_proven_by_its_variant(harness: pathlib.Path,
     assert ours.pipelined.get("j2-1") == "n4" and ours.pipelined.get("j1-1") == "n3"
     assert all(d.pipelined.get("j2-1") == "n3"
                for d in _answers(variants(("kai-bug-nil-scenario",)), snap, tmp_path))
-    assert ours in _answers(variants(("kai-bug-stale-tasks-cache",)), snap, tmp_path)
-    found = kai_fuzz.attribute({0: snap}, {0: ours}, 3, 12, 1, tmp_path, variants)
-    assert found == {0: ("kai-bug-stale-tasks-cache",)}
+    _proven_by("kai-bug-stale-tasks-cache", snap, ours, variants, tmp_path)
 
 
 def test_dev02_variant_keeps_running_and_pipelined_pods_victims(
