@@ -25,7 +25,7 @@ from kai_ray.core.model import PodStatus, SchedulerConfig, Snapshot
 from kai_ray.core.result import Bind, CycleResult, Evict
 from kai_ray.core.schedule import schedule
 from kai_ray.sim import scenario
-from kai_ray.testing import kai_fuzz, kai_variants
+from kai_ray.testing import kai_fuzz, kai_variants, snapshot_case
 from kai_ray.testing.kai_harness import snapshot_json
 
 KNOWN = pathlib.Path(__file__).parent / "kai_fuzz_known.yaml"
@@ -348,10 +348,26 @@ def _seed_round(seed: int, rounds: int) -> Snapshot:
     return snap
 
 
+def test_dev10_case_is_proven_by_its_variant(harness: pathlib.Path,
+                                             variants: kai_fuzz.VariantBinaries,
+                                             tmp_path: pathlib.Path) -> None:
+    """DEV-10's case: consolidation pipelines j7's two pods onto the GPU j5-0 releases on n1;
+    j8's scenario places them again beside j8-0. Stock KAI keeps the releasing GPU j7 took the
+    first time and finds none for j8 (in every one of 12 runs); kai-ray pipelines all three on
+    that GPU, and so does KAI that gives the releasing GPU back (and no variant before it)."""
+    snap = _case("DEV-10")
+    ours = _ours(snap)
+    assert ours.pipelined == {"j5-0": "n2", "j7-0": "n1", "j7-1": "n1", "j8-0": "n1"}
+    assert ours.evictions == {"j5-0"}
+    assert all("j8-0" not in d.pipelined
+               for d in _answers(harness, snap, tmp_path, runs=12))
+    _proven_by("kai-bug-kept-reservation", snap, ours, variants, tmp_path)
+
+
 def test_dev10_seed_is_proven_by_its_variant(harness: pathlib.Path,
                                              variants: kai_fuzz.VariantBinaries,
                                              tmp_path: pathlib.Path) -> None:
-    """DEV-10 on seed 585, round 3 (no scenario case yet): a discarded reclaim scenario evicts
+    """DEV-10 on seed 585, round 3: a discarded reclaim scenario evicts
     the three pipelined sharers of n0's device; undone, stock KAI keeps n0 a GPU short and
     refuses the CPU-only j0 there, so it reclaims nothing for j10. kai-ray moves j0 to n0, and
     so does KAI that gives the releasing GPU back (with DEV-04's undo fixed as well: a later
@@ -429,3 +445,16 @@ def test_the_fuzzer_slice_diverges_only_where_listed(harness: pathlib.Path,
     # the slice exercises all three kinds of decision, and both deviations
     assert sum(o.decided for o in outcomes) > 1000
     assert {"DEV-02", "DEV-03"} <= set(kai_fuzz.attribution_counts(outcomes))
+
+
+@pytest.mark.parametrize("seed", [3, 585, 1141, 1906])
+def test_a_fuzzer_snapshot_written_as_a_case_reads_back_the_same(seed: int,
+                                                                tmp_path: pathlib.Path) -> None:
+    """snapshot_case writes a round's snapshot as a scenario case that loads back equal, over
+    the rounds kai-ray's own decisions make (pipelined and releasing pods, shared devices)."""
+    snap = kai_fuzz.random_snapshot(seed)
+    for r in range(4):
+        path = tmp_path / f"round-{r}.yaml"
+        path.write_text("scenarios:\n" + snapshot_case.dump(snapshot_case.case_of(snap, "x")))
+        assert scenario.snapshot_of(scenario.load(path)[0]) == snap
+        snap = kai_fuzz.arrivals(kai_fuzz.next_snapshot(snap, _ours(snap)), seed, r)
