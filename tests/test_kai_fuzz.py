@@ -340,14 +340,6 @@ def test_dev14_case_is_proven_by_its_variant(harness: pathlib.Path,
 
 
 
-def _seed_round(seed: int, rounds: int) -> Snapshot:
-    """The fuzzer's snapshot of `seed` after `rounds` rounds of kai-ray's decisions."""
-    snap = kai_fuzz.random_snapshot(seed)
-    for r in range(rounds):
-        snap = kai_fuzz.arrivals(kai_fuzz.next_snapshot(snap, _ours(snap)), seed, r)
-    return snap
-
-
 def test_dev10_case_is_proven_by_its_variant(harness: pathlib.Path,
                                              variants: kai_fuzz.VariantBinaries,
                                              tmp_path: pathlib.Path) -> None:
@@ -372,7 +364,7 @@ def test_dev10_seed_is_proven_by_its_variant(harness: pathlib.Path,
     refuses the CPU-only j0 there, so it reclaims nothing for j10. kai-ray moves j0 to n0, and
     so does KAI that gives the releasing GPU back (with DEV-04's undo fixed as well: a later
     scenario of the round moves a sharer within n0 and drops it)."""
-    snap = _seed_round(585, 3)
+    snap = snapshot_case.round_snapshot(585, 3)
     ours = _ours(snap)
     assert {"j0-0", "j0-1"} <= ours.evictions and ours.pipelined.get("j0-0") == "n0"
     assert all(not {"j0-0", "j0-1"} & d.evictions for d in _answers(harness, snap, tmp_path))
@@ -388,7 +380,7 @@ def test_dev10_second_seed_is_proven_by_its_variant(harness: pathlib.Path,
     KAI keeps the releasing GPU the pipelining took while the device is still counted off idle,
     so n1 has no GPU left for j8. kai-ray pipelines j8 beside them, and so does KAI that gives
     the releasing GPU back, with no other deviation."""
-    snap = _seed_round(1906, 1)
+    snap = snapshot_case.round_snapshot(1906, 1)
     ours = _ours(snap)
     assert ours.pipelined.get("j8-0") == ours.pipelined.get("j8-1") == "n1"
     assert all(not {"j8-0", "j8-1"} & set(d.pipelined) for d in _answers(harness, snap, tmp_path))
@@ -405,7 +397,7 @@ def test_dev14_stale_cache_seed_is_proven_by_its_variant(harness: pathlib.Path,
     preemptor; with the nil-scenario guard it pipelines j2 whole onto n3. kai-ray counts j0's
     two pending pods (d0 first: j1 placed again before j2), and so does KAI that drops a job's
     cache when an eviction is committed, with no other deviation."""
-    snap = _seed_round(1141, 1)
+    snap = snapshot_case.round_snapshot(1141, 1)
     ours = _ours(snap)
     assert ours.pipelined.get("j2-1") == "n4" and ours.pipelined.get("j1-1") == "n3"
     assert all(d.pipelined.get("j2-1") == "n3"
@@ -450,11 +442,13 @@ def test_the_fuzzer_slice_diverges_only_where_listed(harness: pathlib.Path,
 @pytest.mark.parametrize("seed", [3, 585, 1141, 1906])
 def test_a_fuzzer_snapshot_written_as_a_case_reads_back_the_same(seed: int,
                                                                 tmp_path: pathlib.Path) -> None:
-    """snapshot_case writes a round's snapshot as a scenario case that loads back equal, over
-    the rounds kai-ray's own decisions make (pipelined and releasing pods, shared devices)."""
-    snap = kai_fuzz.random_snapshot(seed)
+    """snapshot_case writes a round's snapshot as a scenario case that loads back equal, with
+    the fuzzer's configuration, over the rounds kai-ray's own decisions make (pipelined and
+    releasing pods, shared devices)."""
     for r in range(4):
+        snap = snapshot_case.round_snapshot(seed, r)
         path = tmp_path / f"round-{r}.yaml"
         path.write_text("scenarios:\n" + snapshot_case.dump(snapshot_case.case_of(snap, "x")))
-        assert scenario.snapshot_of(scenario.load(path)[0]) == snap
-        snap = kai_fuzz.arrivals(kai_fuzz.next_snapshot(snap, _ours(snap)), seed, r)
+        case = scenario.load(path)[0]
+        assert scenario.snapshot_of(case) == snap
+        assert scenario.config_of(case) == SchedulerConfig()

@@ -22,10 +22,11 @@ from kai_ray.core.model import (
 )
 from kai_ray.core.schedule import schedule
 from kai_ray.sim.scenario import NOW, config_of, load, snapshot_of
+from kai_ray.sim.scenario_write import scenario_of
 from kai_ray.tools.explain import explain
 from kai_ray.tools.live import Live
 from kai_ray.tools.queues import queue_rows
-from kai_ray.tools.snapshot import predicted, scenario_of
+from kai_ray.tools.snapshot import predicted
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIO_FILES = [ROOT / "tests" / "scenarios" / "kai-conformance.yaml",
