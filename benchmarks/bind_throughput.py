@@ -295,6 +295,11 @@ def stop_run(plane: ControlPlane, peer: Peer, args: argparse.Namespace) -> None:
     scheduler's logs are is printed first."""
     for name, log in peer.logs(plane).items():
         print(f"  {name} log: {log}", file=sys.stderr)
+        if name == "kai-ray" and log.exists():  # which core it ran: set by PYTHONPATH
+            said = [line.split("scheduling core: ", 1)[1].strip()
+                    for line in log.read_text(errors="replace").splitlines()
+                    if "scheduling core: " in line]
+            print(f"  kai-ray core: {said[0] if said else 'not logged'}", file=sys.stderr)
     peer.stop(plane)
     if args.keep_logs:
         plane.keep_workdir = True

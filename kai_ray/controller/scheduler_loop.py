@@ -44,8 +44,8 @@ PROBLEM_KINDS = {"Pod": "v1", "Node": "v1", "PriorityClass": "scheduling.k8s.io/
 @dataclass
 class LoopConfig:
     period_s: float = 1.0
-    # new work starts the next cycle early: this long after it arrived (the rest of a gang
-    # created one pod at a time is read with its first pod)
+    # new work starts the next cycle early: as soon as it makes a gang whole, else this long
+    # after it arrived (what comes with it, a gang's next pods, is read in the same cycle)
     min_period_s: float = 0.1
     # a leader's first cycle waits (at most this long) for the pod grouper's first pass: the
     # pods pending at start are then decided in one cycle, instead of the gangs whose PodGroups
@@ -327,11 +327,14 @@ class SchedulerLoop:
                                               name="pod-grouper", daemon=True)
             self._grouping.start()
         arrivals = getattr(self.cache, "arrivals", None)
+        whole = self._gang_whole()
         leading = False
         while not self.stopping.is_set():
             started = time.monotonic()
             if arrivals is not None:
                 arrivals.clear()  # what arrives from now on is not in this cycle's snapshot
+            if whole is not None:
+                whole.clear()
             if is_leader is None or is_leader():
                 if not leading and self._grouping is not None:
                     self._first_grouping()
@@ -354,7 +357,11 @@ class SchedulerLoop:
                 leading = False
                 self.last_progress = time.monotonic()  # a follower waits: that is its work
             self.cache.changed.clear()
-            self._wait_for_next_cycle(started, arrivals)
+            self._wait_for_next_cycle(started, arrivals, whole)
+
+    def _gang_whole(self) -> threading.Event | None:
+        gangs = getattr(self.cache, "gangs", None)
+        return None if gangs is None else gangs.whole
 
     def _first_grouping(self) -> None:
         """Before the first cycle as leader: until the pod grouper has passed once as leader
@@ -364,25 +371,31 @@ class SchedulerLoop:
             log.info("first cycle without the pod grouper's first pass (not done after %.0fs)",
                      self.config.first_grouping_wait_s)
 
-    def _wait_for_next_cycle(self, started: float, arrivals: threading.Event | None) -> None:
+    def _wait_for_next_cycle(self, started: float, arrivals: threading.Event | None,
+                             whole: threading.Event | None = None) -> None:
         """Until `period_s` after the cycle began, or, once new work arrived (a pending pod
-        or a PodGroup created, pods grouped), `min_period_s` after it arrived: a new gang is
-        placed within a fraction of a second, not at the next tick, and the pause lets the
-        rest of a gang whose first pod woke the loop arrive before the cycle reads it."""
+        or a PodGroup created, pods grouped), until a gang is whole (`whole`: one has its
+        minMember of pods, kai_ray.k8s.gang_arrivals) but at most `min_period_s` after the
+        arrival: a new gang is placed within a fraction of a second, not at the next tick, and
+        an arrival that completes no gang (a bare pod, a gang's first pods) pauses so that
+        what comes with it is read in the same cycle."""
         deadline = started + self.config.period_s
         if arrivals is None:
             self.stopping.wait(max(0.0, deadline - time.monotonic()))
             return
         left = deadline - time.monotonic()
         if left > 0 and arrivals.wait(left) and not self.stopping.is_set():
-            self.stopping.wait(max(0.0, min(self.config.min_period_s,
-                                            deadline - time.monotonic())))
+            pause = max(0.0, min(self.config.min_period_s, deadline - time.monotonic()))
+            (whole or self.stopping).wait(pause)
 
     def stop(self) -> None:
         self.stopping.set()
         arrivals = getattr(self.cache, "arrivals", None)
         if arrivals is not None:
             arrivals.set()  # the loop may wait on it
+        whole = self._gang_whole()
+        if whole is not None:
+            whole.set()
         wake = getattr(self.cache, "pods_to_group", None)
         if wake is not None:
             wake.set()  # the grouper thread waits on it

@@ -24,6 +24,7 @@ from kai_ray.api_names import PODGROUP, QUEUE
 from kai_ray.core.model import Job, Node, Pod, PodStatus, Snapshot
 from kai_ray.core.queuetree import queue_cycles
 from kai_ray.k8s import convert, rawapi, trim
+from kai_ray.k8s.gang_arrivals import GangArrivals
 from kai_ray.k8s.provisional import ProvisionalGroups
 from kai_ray.k8s.suspend import stand_in_pods
 
@@ -306,6 +307,8 @@ class ClusterCache:
         # new work (a pending pod of ours or a PodGroup created, pods grouped): the loop
         # starts its next cycle early instead of at the end of its period
         self.arrivals = threading.Event()
+        # and the moment one of them makes a gang whole: the loop need not pause for the rest
+        self.gangs = GangArrivals()
         # bare pods' PodGroups the grouper has not written (kai_ray.k8s.provisional)
         self.provisional = ProvisionalGroups()
         self.pod_reads = PodReads()  # the snapshot's, kept between cycles
@@ -326,17 +329,24 @@ class ClusterCache:
         self.changed.set()
 
     def _pod_changed(self, kind: str, obj: Obj, old: Obj | None) -> None:
-        if kind != "DELETED" and convert.is_ours(obj) and may_regroup(obj, old):
+        ours = convert.is_ours(obj)
+        joined = self.gangs.pod_event(kind, _key(obj), obj, old) if ours else None
+        unbound = not (obj.get("spec") or {}).get("nodeName")
+        if kind != "DELETED" and ours and may_regroup(obj, old):
             with self._dirty_lock:
                 self.dirty_pods.add(_key(obj))
                 self.grouping_wakeups += 1
                 self.pods_to_group.set()
-            if kind == "ADDED" and not (obj.get("spec") or {}).get("nodeName"):
+            if kind == "ADDED" and unbound:
                 self.arrivals.set()
+        if joined is not None and unbound \
+                and self.gangs.check(joined, self.podgroups.get(joined)):
+            self.arrivals.set()  # a pod the grouper annotated arrives as MODIFIED
         self.changed.set()
 
     def _podgroup_changed(self, kind: str, obj: Obj, old: Obj | None) -> None:
         if kind == "ADDED":
+            self.gangs.check(_key(obj), obj)
             self.arrivals.set()
         self.changed.set()
 
