@@ -106,6 +106,12 @@ class ReservationFailed(RuntimeError):
         self.pod_name = pod_name
 
 
+def _is_reservation(pod: Obj, config: BinderConfig) -> bool:
+    m = pod.get("metadata") or {}
+    return m.get("namespace") == config.reservation_namespace \
+        and (m.get("labels") or {}).get("app") == RESERVATION_APP
+
+
 class Binder:
     def __init__(self, api: client.ApiClient, events: EventRecorder,
                  config: BinderConfig | None = None,
@@ -841,29 +847,30 @@ class Binder:
         shared by running pods (their group labels), by pods still waiting in a bind intent
         for their reservation pod to report, and by pods just bound (`assumed_groups`: the
         watch may not show their labels yet)."""
-        in_use: set[str] = set(assumed_groups)
-        for pg in podgroups:
-            for entry in convert.bind_intent(pg).values():
-                groups = entry.get("gpu_groups") if isinstance(entry, dict) else None
-                if isinstance(groups, list):  # a hand-edited entry counts for nothing
-                    in_use.update(str(g) for g in groups)
-        reservations: list[Obj] = []
-        for pod in pods:
-            m = pod.get("metadata") or {}
-            if m.get("namespace") == self.config.reservation_namespace:
-                if (m.get("labels") or {}).get("app") == RESERVATION_APP:
-                    reservations.append(pod)
-                continue
-            phase = (pod.get("status") or {}).get("phase")
-            if phase in ("Succeeded", "Failed"):
-                continue
-            in_use.update(convert.gpu_groups(pod))
+        pods = list(pods)
+        reservations = [pod for pod in pods if _is_reservation(pod, self.config)]
         # forget clocks of reservation pods long gone (a just-created one may not show yet)
         seen = {r["metadata"]["name"] for r in reservations}
         stale = time.monotonic() - 2 * self.config.reservation_timeout_s
         for name, since in list(self._waiting_since.items()):
             if name not in seen and since < stale:
                 del self._waiting_since[name]
+        if not reservations:
+            return 0  # nothing to collect: the devices in use need not be worked out
+        in_use: set[str] = set(assumed_groups)
+        for pg in podgroups:
+            for entry in convert.bind_intent(pg).values():
+                groups = entry.get("gpu_groups") if isinstance(entry, dict) else None
+                if isinstance(groups, list):  # a hand-edited entry counts for nothing
+                    in_use.update(str(g) for g in groups)
+        for pod in pods:
+            m = pod.get("metadata") or {}
+            if m.get("namespace") == self.config.reservation_namespace:
+                continue
+            phase = (pod.get("status") or {}).get("phase")
+            if phase in ("Succeeded", "Failed"):
+                continue
+            in_use.update(convert.gpu_groups(pod))
         removed = 0
         for r in reservations:
             group = (r["metadata"].get("labels") or {}).get(api_names.GPU_GROUP_LABEL)

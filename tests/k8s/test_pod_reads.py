@@ -10,7 +10,7 @@ import pytest
 from kai_ray import api_names
 from kai_ray.core.model import PodStatus
 from kai_ray.k8s import convert
-from kai_ray.k8s.cache import PodReads
+from kai_ray.k8s.cache import JobReads, NodeReads, PodReads
 
 
 def _pod(name: str, node: str | None = None) -> dict:
@@ -71,3 +71,59 @@ def test_what_a_snapshot_did_not_read_is_forgotten() -> None:
     reads.forget_unseen()
     assert reads.read(a, None) is first_a
     assert len(reads._held) == 1
+
+
+def _node(name: str, gpu_memory: str = "81559") -> dict:
+    return {"metadata": {"name": name, "labels": {"nvidia.com/gpu.memory": gpu_memory}},
+            "status": {"allocatable": {"cpu": "64", "nvidia.com/gpu": "8", "pods": "110"},
+                       "conditions": [{"type": "Ready", "status": "True"}]}}
+
+
+def test_a_node_is_read_once_until_replaced_and_its_problems_are_said_every_time() -> None:
+    reads = NodeReads()
+    good = _node("a")
+    problems: list = []
+    first = reads.read(good, problems)
+    assert first == convert.node_from(good) and not problems
+    assert reads.read(good, problems) is first
+    bad = _node("a", gpu_memory="lots")  # the watch replaced it: read again, its problem kept
+    for _ in range(2):
+        said: list = []
+        node = reads.read(bad, said)
+        assert not node.gpu_memory_synced
+        assert [p.field for p in said] == [p.field for p in _problems_of(bad)] != []
+    reads.keep_only(set())
+    assert not reads._held
+
+
+def _problems_of(node: dict) -> list:
+    found: list = []
+    convert.node_from(node, found)
+    return found
+
+
+def test_a_job_is_kept_while_its_podgroup_members_and_classes_are_the_same() -> None:
+    jobs = JobReads()
+    pg, members = {"metadata": {"name": "g"}}, [_pod("a"), _pod("b")]
+    classes = ((("high", 100),), None)
+    job = object()
+    assert jobs.get("ns/g", pg, members, classes) is None
+    jobs.keep("ns/g", pg, members, classes, job)  # type: ignore[arg-type]
+    assert jobs.get("ns/g", pg, list(members), classes) is job
+    assert jobs.get("ns/g", pg, [members[0], _pod("b")], classes) is None  # b replaced
+    assert jobs.get("ns/g", pg, members[:1], classes) is None  # b gone
+    assert jobs.get("ns/g", dict(pg), members, classes) is None  # the PodGroup replaced
+    assert jobs.get("ns/g", pg, members, ((("high", 200),), None)) is None
+    jobs.forget_unseen()
+    jobs.forget_unseen()  # not asked for in the last snapshot: dropped
+    assert jobs.get("ns/g", pg, members, classes) is None
+
+
+def test_pods_of_a_kept_job_stay_read() -> None:
+    reads = PodReads()
+    a = _pod("a")
+    first = reads.read(a, None)
+    reads.forget_unseen()
+    reads.seen([a])  # its job came from JobReads: not read, still held
+    reads.forget_unseen()
+    assert reads.read(a, None) is first
