@@ -142,6 +142,8 @@ class PodGrouper:
         # only beside a scheduling loop (SchedulerLoop.run), which asks for the PodGroups of
         # the pods it cannot place; a grouper on its own writes every PodGroup at once
         self.defer_bare_pods = False
+        self._after_binds: list[Obj] = []  # PodGroups of bound bare pods, not yet sent
+        self._after_binds_lock = threading.Lock()
 
     # ------------------------------------------------------------------ reads
     def get_owner(self, api_version: str, kind: str, namespace: str, name: str
@@ -357,9 +359,20 @@ class PodGrouper:
         return getattr(self.cache, "provisional", None) if self.defer_bare_pods else None
 
     def create_after_bind(self, podgroup: Obj) -> None:
-        """Create the PodGroup of a bare pod the binder just bound (off the bind path, on this
-        grouper's client and its own rate limit, as KAI's pod grouper is a process of its own)."""
-        self.pool.submit(self._create_after_bind, podgroup)
+        """Create the PodGroup of a bare pod the binder just bound, once the cycle's binds are
+        done (`flush_after_binds`): off the bind path, on this grouper's client and its own
+        rate limit (KAI's pod grouper is a process of its own). Until then the cache's
+        provisional registry stands for it, so nothing waits on it; a bind phase of thousands
+        of pods is not slowed by as many PodGroup creates on the same API server."""
+        with self._after_binds_lock:
+            self._after_binds.append(podgroup)
+
+    def flush_after_binds(self) -> None:
+        """The binder's phase ended: the PodGroups of the bare pods it bound go out now."""
+        with self._after_binds_lock:
+            todo, self._after_binds = self._after_binds, []
+        for podgroup in todo:
+            self.pool.submit(self._create_after_bind, podgroup)
 
     def _create_after_bind(self, podgroup: Obj) -> None:
         m = podgroup["metadata"]

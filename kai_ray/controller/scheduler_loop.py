@@ -323,6 +323,7 @@ class SchedulerLoop:
             # PodGroup goes out on the grouper's client (kai_ray.k8s.provisional)
             self.grouper.defer_bare_pods = True
             self.binder.create_podgroup = self.grouper.create_after_bind
+            self.binder.after_binds = self.grouper.flush_after_binds
             self._grouping = threading.Thread(target=self._group_forever, args=(is_leader,),
                                               name="pod-grouper", daemon=True)
             self._grouping.start()

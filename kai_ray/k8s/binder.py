@@ -157,6 +157,8 @@ class Binder:
         # and who creates the PodGroup once the pod is bound (the pod grouper, when it runs)
         self.provisional: ProvisionalGroups | None = None
         self.create_podgroup: Callable[[Obj], None] = self._create_podgroup
+        # called when apply_binds ends (the pod grouper sends the PodGroups it was handed)
+        self.after_binds: Callable[[], None] = lambda: None
 
     def write_timeout(self) -> tuple[float, float] | None:
         """The (connect, read) timeout of a fenced write; raises Fenced when too little
@@ -328,7 +330,10 @@ class Binder:
                 return 0
             return self._bind_gang(pg, binds, pods, started=stamp)
 
-        done = self._each_gang(one, list(by_job.items()))
+        try:
+            done = self._each_gang(one, list(by_job.items()))
+        finally:
+            self.after_binds()
         self.last_bound = {f"{b.namespace}/{b.pod}" for b in self._bound_now}
         return done
 

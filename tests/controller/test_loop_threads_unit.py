@@ -177,6 +177,9 @@ class _SlowGrouper(_Grouper):
     def create_after_bind(self, podgroup: object) -> None:
         pass
 
+    def flush_after_binds(self) -> None:
+        pass
+
 
 class _CountingLoop(SchedulerLoop):
     def __init__(self, *args: object, **kwargs: object) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
@@ -318,3 +319,22 @@ def test_get_owner_maps_api_answers(monkeypatch: pytest.MonkeyPatch) -> None:
         g.get_owner("v1", "Flaky", NS, "f")
     assert e.value.status == 503
     g.pool.shutdown()
+
+
+def test_podgroups_of_bound_bare_pods_wait_for_the_end_of_the_bind_phase(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The binder hands over each bound bare pod's PodGroup; none is sent until the binder's
+    phase ends (its after_binds hook), then all are, on the grouper's pool."""
+    g = PodGrouper(client.ApiClient(client.Configuration()), _Cache(), _Events())  # type: ignore[arg-type]
+    sent: list[str] = []
+    monkeypatch.setattr(g, "_create_after_bind", lambda pg: sent.append(pg["metadata"]["name"]))
+    for name in ("a", "b"):
+        g.create_after_bind({"metadata": {"name": name, "namespace": NS}})
+    assert sent == []
+    g.flush_after_binds()
+    g.pool.shutdown(wait=True)
+    assert sorted(sent) == ["a", "b"]
+    g.pool = ThreadPoolExecutor(1)  # the first was shut down to wait for its work
+    g.flush_after_binds()  # nothing left: nothing sent twice
+    g.pool.shutdown(wait=True)
+    assert len(sent) == 2

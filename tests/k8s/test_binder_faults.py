@@ -391,3 +391,12 @@ def test_the_start_is_stamped_once_not_with_every_later_bind() -> None:
     del binder.refuse["b"]
     binder.resume(pgs.values(), pods)  # b binds later: the start stays when a began
     assert len([p for p in binder.patches if api_names.LAST_START_ANNOTATION in p]) == 1
+
+
+def test_the_after_binds_hook_runs_once_per_bind_phase_even_when_a_gang_fails() -> None:
+    pods, pgs, result = _setup(["a", "b"])
+    binder = _Binder({"a": ConnectionResetError("reset by peer")})
+    calls: list[int] = []
+    binder.after_binds = lambda: calls.append(len(binder.tries))
+    binder.apply_binds(result, pgs, pods)
+    assert calls == [1]  # after the gang's try, not before
