@@ -131,6 +131,9 @@ def latency(key: str, args: argparse.Namespace) -> dict:
             tenth = max(1, len(ordered) // 10)
             out["mean_first_tenth_s"] = round(sum(ordered[:tenth]) / tenth, 3)
             out["mean_last_tenth_s"] = round(sum(ordered[-tenth:]) / tenth, 3)
+            # where the tail is: at the start (warming up) or spread over the run
+            out["slowest"] = {g: round(lat[g], 3)
+                              for g in sorted(lat, key=lat.__getitem__, reverse=True)[:5]}
             out.update({f"{name}_s": round(v, 3) for name, v in (
                 ("p50", percentile(values, 50)), ("p90", percentile(values, 90)),
                 ("p99", percentile(values, 99)), ("max", max(values)),

@@ -114,7 +114,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     # the Bindings on a bucket of their own: KAI's binder is a deployment of its own, with
     # its own client limit (docs/configuration.md); a connection per binder worker
     bind_api = loop_api.sibling(retries=False, own_bucket=True,
-                                pool_size=loop_config.binder.workers + 8)
+                                pool_size=loop_config.binder.workers
+                                + loop_config.binder.gang_bind_workers + 8)
     metrics = SchedulerMetrics()
     cache = ClusterCache(api, watch_timeout=max(1, round(timeouts.watch_s)),
                          connect_timeout=timeouts.connect_s,

@@ -30,7 +30,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Collection, Iterable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,6 +74,10 @@ class BinderConfig:
     # takes here, and kube-scheduler binds each pod in a goroutine of its own. 9,000 pods on
     # 1,000 nodes (benchmarks/bind_throughput.py): 16 -> ~200 pods/s, 64 -> 325, 128 -> 400
     workers: int = 128
+    # a gang's pods after its first are bound this many at a time, once the first bind went
+    # through (1: one after another). A refusal then may find later pods of the gang bound;
+    # they are recorded in its intent, and a rollback evicts them as any other bound pod.
+    gang_bind_workers: int = 8
     # kai-ray's (operator/reservation.Dockerfile); KAI's resource-reservation image works too
     reservation_image: str = RESERVATION_IMAGE
     reservation_service_account: str = RESERVATION_SERVICE_ACCOUNT
@@ -144,6 +148,9 @@ class Binder:
         self._reservations: dict[tuple[str, str], Obj] | None = None
         self.pool = ThreadPoolExecutor(max_workers=max(1, self.config.workers),
                                        thread_name_prefix="binder")
+        # a pool of its own: a gang bound on `pool` waits for these, never the other way
+        self.gang_pool = ThreadPoolExecutor(max_workers=max(1, self.config.gang_bind_workers),
+                                            thread_name_prefix="gang-bind")
         # the watch cache's nodes by name, when the caller gives them: resume() re-checks that
         # a node it is about to bind to still exists
         self.nodes: Mapping[str, Obj] | None = None
@@ -371,14 +378,36 @@ class Binder:
     def _bind_gang(self, pg: Obj, binds: list[Bind], pods: dict[str, Obj],
                    intent: bool = True, started: dict[str, str] | None = None,
                    annotations: Mapping[str, str] | None = None) -> int:
-        """Bind `binds` in order. A failed bind stops the gang's binds for this call (they
-        stay in the intent; a later cycle goes on), so a refusal binds as few of a gang as
-        possible. A transient fault is retried after a back-off for as long as it lasts; after
-        `bind_attempts` refusals of one pod, it and the gang's other unbound pods leave the
-        intent and go back to Pending."""
+        """Bind `binds` in order: the first alone, then (a gang, with its intent written) the
+        plain binds of the rest sent together (`_send_ahead`), their answers taken in order.
+        A failed bind stops the gang's binds for this call (the rest stay in the intent; a
+        later cycle goes on); binds sent with it that went through count as bound. A refused
+        first bind sends nothing more. A transient fault is retried after a back-off for as
+        long as it lasts; after `bind_attempts` refusals of one pod, it and the gang's other
+        unbound pods leave the intent and go back to Pending, and what the intent bound is
+        rolled back."""
         bound: list[str] = []
         dropped: list[str] = []
         done = 0
+        ahead: dict[int, Future[None]] = {}  # binds sent before their turn (_send_ahead)
+
+        def drain() -> None:
+            """Binds sent ahead of a stop: those that went through are bound pods of the
+            gang (in the intent as such); a failed one stays in the intent for later."""
+            nonlocal done
+            for j, sent in sorted(ahead.items()):
+                r = binds[j]
+                try:
+                    sent.result()
+                except Exception as e:
+                    log.info("bind %s/%s -> %s (sent ahead): %s; a later cycle goes on",
+                             r.namespace, r.pod, r.node, describe_error(e))
+                    continue
+                bound.append(r.pod)
+                done += 1
+                self._note_bound(r, pods[f"{r.namespace}/{r.pod}"])
+            ahead.clear()
+
         for i, b in enumerate(binds):
             key = f"{b.namespace}/{b.pod}"
             pod = pods.get(key)
@@ -403,7 +432,11 @@ class Binder:
                     if devices is None:
                         continue  # stays in the intent: a later cycle binds it
                     self._prepare_shared_gpu(pod, b, devices)
-                self._bind(pod, b.node, annotations)
+                sent = ahead.pop(i, None)
+                if sent is not None:
+                    sent.result()  # what the bind raised, handled as below
+                else:
+                    self._bind(pod, b.node, annotations)
             except ReservationFailed as e:
                 self._give_up(pod, e)
                 dropped.append(b.pod)  # out of the intent: Pending again, room released
@@ -421,24 +454,53 @@ class Binder:
                 elif self._bind_refused(pod, b, describe_error(e)) and intent:
                     # given up: the transaction is rolled back (what it bound is evicted,
                     # the rest goes back to Pending with this pod)
-                    self._gang_given_up(binds[i + 1:], pods, b)
+                    drain()
+                    self._gang_given_up([r for r in binds[i + 1:] if r.pod not in bound],
+                                        pods, b)
                     self._settle_intent(pg, bound, dropped, started if done else {})
                     self._roll_back(pg, pods, f"the bind of {b.pod} was refused "
                                     f"{self.config.bind_attempts} times")
                     return done
                 break
             bound.append(b.pod)
-            self._attempts.pop(key, None)
-            self._retry_at.pop(key, None)
             done += 1
-            with self._count_lock:
-                self.bound_total += 1
-                self._bound_now.append(b)
-            self.events.emit(pod, "Scheduled",
-                             f"Successfully assigned {b.namespace}/{b.pod} to {b.node}")
+            self._note_bound(b, pod)
+            if i == 0 and intent:
+                self._send_ahead(binds, pods, annotations, ahead)
+        drain()
         if (bound or dropped) and intent:
             self._settle_intent(pg, bound, dropped, started if done else {})
         return done
+
+    def _note_bound(self, b: Bind, pod: Obj) -> None:
+        key = f"{b.namespace}/{b.pod}"
+        self._attempts.pop(key, None)
+        self._retry_at.pop(key, None)
+        with self._count_lock:
+            self.bound_total += 1
+            self._bound_now.append(b)
+        self.events.emit(pod, "Scheduled",
+                         f"Successfully assigned {b.namespace}/{b.pod} to {b.node}")
+
+    def _send_ahead(self, binds: list[Bind], pods: dict[str, Obj],
+                    annotations: Mapping[str, str] | None,
+                    ahead: dict[int, Future[None]]) -> None:
+        """Once a gang's first bind went through: send the binds of its later pods together
+        (`gang_bind_workers` at a time) rather than each after the last one's answer, which
+        most of a gang's bind time was spent waiting for. Only plain binds are sent: a pod
+        gone, bound, backing off or sharing a GPU (its reservation first) waits its turn, and
+        nothing is sent with too little leadership left."""
+        if self.config.gang_bind_workers <= 1 or self.fence() < MIN_LEASE_LEFT_S:
+            return
+        now = time.monotonic()
+        for j, b in enumerate(binds[1:], start=1):
+            key = f"{b.namespace}/{b.pod}"
+            pod = pods.get(key)
+            if pod is None or b.gpu_groups or (pod.get("metadata") or {}).get(
+                    "deletionTimestamp") or (pod.get("spec") or {}).get("nodeName") \
+                    or now < self._retry_at.get(key, (0.0, 0))[0]:
+                continue
+            ahead[j] = self.gang_pool.submit(self._bind, pod, b.node, annotations)
 
     def _retry_later(self, pod: Obj, b: Bind, failure: str) -> None:
         """A transient fault (a reset, a timeout, 429, 5xx): the pod keeps its place in the

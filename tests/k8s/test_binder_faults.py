@@ -54,10 +54,11 @@ class _Binder(Binder):
     """Binds fail for the pods named in `refuse` with the exception given there."""
 
     def __init__(self, refuse: dict[str, Exception], attempts: int = 3,
-                 retry_s: tuple[float, float] = (1.0, 30.0), workers: int = 1) -> None:
+                 retry_s: tuple[float, float] = (1.0, 30.0), workers: int = 1,
+                 gang_bind_workers: int = 1) -> None:
         super().__init__(client.ApiClient(client.Configuration()), _Events(),  # type: ignore[arg-type]
                          BinderConfig(bind_attempts=attempts, workers=workers,
-                                      retry_s=retry_s))
+                                      retry_s=retry_s, gang_bind_workers=gang_bind_workers))
         self.refuse = refuse
         self.core = _Core()  # type: ignore[assignment]
         self.bound: list[str] = []
@@ -400,3 +401,41 @@ def test_the_after_binds_hook_runs_once_per_bind_phase_even_when_a_gang_fails() 
     binder.after_binds = lambda: calls.append(len(binder.tries))
     binder.apply_binds(result, pgs, pods)
     assert calls == [1]  # after the gang's try, not before
+
+
+def test_a_gangs_later_binds_go_out_together_once_its_first_went_through() -> None:
+    pods, pgs, result = _setup(["a", "b", "c", "d"])
+    binder = _Binder({}, gang_bind_workers=3)
+    assert binder.apply_binds(result, pgs, pods) == 4
+    assert binder.tries[0] == "a" and sorted(binder.bound) == ["a", "b", "c", "d"]
+    assert not unbound(pgs["g"]) and binder.bound_total == 4
+    scheduled = [n for n, r, _ in binder.events.emitted if r == "Scheduled"]  # type: ignore[attr-defined]
+    assert sorted(scheduled) == ["a", "b", "c", "d"]
+
+
+def test_a_first_bind_refused_sends_none_of_the_rest() -> None:
+    pods, pgs, result = _setup(["a", "b", "c"])
+    binder = _Binder({"a": ApiException(status=403, reason="Forbidden")}, attempts=1,
+                     gang_bind_workers=3)
+    assert binder.apply_binds(result, pgs, pods) == 0
+    assert binder.tries == ["a"] and set(binder.gave_up) == {"ns/a", "ns/b", "ns/c"}
+
+
+def test_a_refusal_after_the_first_rolls_back_what_went_out_with_it() -> None:
+    """b is refused for good while c and d, sent with it, were bound: the transaction is
+    rolled back over every pod it bound (a, c and d are evicted), none is left half made."""
+    pods, pgs, result = _setup(["a", "b", "c", "d"])
+    binder = _Binder({"b": ApiException(status=403, reason="Forbidden")}, attempts=1,
+                     gang_bind_workers=3)
+    binder.apply_binds(result, pgs, pods)
+    assert sorted(binder.bound) == ["a", "c", "d"]
+    assert sorted(binder.core.evicted) == ["a", "c", "d"]  # type: ignore[attr-defined]
+    assert set(binder.gave_up) == {"ns/b"} and not convert.bind_intent(pgs["g"])
+
+
+def test_a_transient_fault_after_the_first_keeps_the_rest_in_the_intent() -> None:
+    pods, pgs, result = _setup(["a", "b", "c"])
+    binder = _Binder({"b": ConnectionResetError("reset by peer")}, gang_bind_workers=3)
+    assert binder.apply_binds(result, pgs, pods) == 2
+    assert sorted(binder.bound) == ["a", "c"] and unbound(pgs["g"]) == {"b"}
+    assert not binder.gave_up
