@@ -74,7 +74,8 @@ class BinderConfig:
     # takes here, and kube-scheduler binds each pod in a goroutine of its own. 9,000 pods on
     # 1,000 nodes (benchmarks/bind_throughput.py): 16 -> ~200 pods/s, 64 -> 325, 128 -> 400
     workers: int = 128
-    # a gang's pods after its first are bound this many at a time, once the first bind went
+    # a gang's pods after its first are sent this many at a time (one pool for all gangs; a
+    # gang binds a pod of its own still queued there itself), once the first bind went
     # through (1: one after another). A refusal then may find later pods of the gang bound;
     # they are recorded in its intent, and a rollback evicts them as any other bound pod.
     gang_bind_workers: int = 8
@@ -396,16 +397,25 @@ class Binder:
             gang (in the intent as such); a failed one stays in the intent for later."""
             nonlocal done
             for j, sent in sorted(ahead.items()):
+                if sent.cancel():
+                    continue  # not started: it keeps its place in the intent, unbound
                 r = binds[j]
+                pod = pods[f"{r.namespace}/{r.pod}"]
                 try:
                     sent.result()
                 except Exception as e:
-                    log.info("bind %s/%s -> %s (sent ahead): %s; a later cycle goes on",
-                             r.namespace, r.pod, r.node, describe_error(e))
-                    continue
+                    if isinstance(e, ApiException) and e.status == 409:
+                        pass  # bound already (an earlier try that landed): bound
+                    else:
+                        if is_transient(e):
+                            self._retry_later(pod, r, describe_error(e))
+                        else:
+                            log.info("bind %s/%s -> %s (sent ahead): %s; a later cycle "
+                                     "goes on", r.namespace, r.pod, r.node, describe_error(e))
+                        continue
                 bound.append(r.pod)
                 done += 1
-                self._note_bound(r, pods[f"{r.namespace}/{r.pod}"])
+                self._note_bound(r, pod)
             ahead.clear()
 
         for i, b in enumerate(binds):
@@ -433,9 +443,9 @@ class Binder:
                         continue  # stays in the intent: a later cycle binds it
                     self._prepare_shared_gpu(pod, b, devices)
                 sent = ahead.pop(i, None)
-                if sent is not None:
+                if sent is not None and not sent.cancel():
                     sent.result()  # what the bind raised, handled as below
-                else:
+                else:  # not sent ahead, or still queued behind other gangs': bound here
                     self._bind(pod, b.node, annotations)
             except ReservationFailed as e:
                 self._give_up(pod, e)
