@@ -42,6 +42,7 @@ class GangArrivals:
     def __init__(self) -> None:
         self.whole = threading.Event()
         self._members: dict[str, set[str]] = {}
+        self._unbound: dict[str, set[str]] = {}  # members with no node yet
         self._lock = threading.Lock()
 
     def pod_event(self, kind: str, key: str, pod: Obj, old: Obj | None) -> str | None:
@@ -49,13 +50,14 @@ class GangArrivals:
         group, before = _group_key(pod), _group_key(old)
         with self._lock:
             if before is not None and (kind == "DELETED" or before != group):
-                members = self._members.get(before)
-                if members is not None:
-                    members.discard(key)
-                    if not members:
-                        del self._members[before]
+                for index in (self._members, self._unbound):
+                    _discard(index, before, key)
             if kind == "DELETED" or group is None:
                 return None
+            if (pod.get("spec") or {}).get("nodeName"):
+                _discard(self._unbound, group, key)
+            else:
+                self._unbound.setdefault(group, set()).add(key)
             members = self._members.setdefault(group, set())
             if key in members:
                 return None
@@ -67,9 +69,20 @@ class GangArrivals:
             return len(self._members.get(group, ()))
 
     def check(self, group: str, podgroup: Obj | None) -> bool:
-        """Set `whole` if `group` has its minimum now (its PodGroup known); True if it was."""
+        """Set `whole` if `group` has its minimum now (its PodGroup known) and a pod still to
+        place (a PodGroup written after its pods were bound starts nothing); True if so."""
         need = None if podgroup is None else min_member(podgroup)
-        if need is None or self.count(group) < need:
+        with self._lock:
+            waiting = bool(self._unbound.get(group))
+        if need is None or not waiting or self.count(group) < need:
             return False
         self.whole.set()
         return True
+
+
+def _discard(index: dict[str, set[str]], group: str, key: str) -> None:
+    members = index.get(group)
+    if members is not None:
+        members.discard(key)
+        if not members:
+            del index[group]

@@ -59,3 +59,19 @@ def test_no_early_start_without_the_podgroup_or_with_a_bad_minimum() -> None:
         assert not gangs.check("ns/g", _pg("g", bad))
     assert not gangs.whole.is_set()
     assert min_member({"spec": {}}) == 1  # unset is a gang of one, as the CRD says
+
+
+def test_a_gang_all_bound_starts_nothing_when_its_podgroup_arrives() -> None:
+    """A bare pod's PodGroup written after its bind (or a relist of bound gangs): whole, but
+    nothing to place, so no early cycle."""
+    gangs = GangArrivals()
+    bound = _pod("b-0", "b")
+    bound["spec"]["nodeName"] = "n1"
+    gangs.pod_event("ADDED", "ns/b-0", bound, None)
+    assert not gangs.check("ns/b", _pg("b", 1)) and not gangs.whole.is_set()
+    pending = _pod("p-0", "p")
+    gangs.pod_event("ADDED", "ns/p-0", pending, None)
+    placed = _pod("p-0", "p")
+    placed["spec"]["nodeName"] = "n1"
+    gangs.pod_event("MODIFIED", "ns/p-0", placed, pending)  # its bind: no longer waiting
+    assert not gangs.check("ns/p", _pg("p", 1))
