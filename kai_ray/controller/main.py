@@ -142,7 +142,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                                      getattr(args, "health_addr", "127.0.0.1"))
         extras.append(health_server)
         log.info("health on %s/healthz and /readyz", health_server.url)
-    log.info("listing the cluster into the watch cache")
+    log.info("listing the cluster into the watch cache%s", logsetup.age_note())
     # the first list is millions of acyclic JSON objects that live as long as the cache:
     # collecting while they arrive (each generation-2 pass walks all of them again) doubled
     # the sync's CPU (benchmarks/cache_parse.py), and frozen they are never walked again
@@ -196,7 +196,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         is_leader = elector.is_leader
         loop.lease_left = elector.lease_left  # every write is fenced on it
         loop.leader_epoch = lambda: elector.transitions
-    log.info("kai-ray scheduler running (cycle every %.1fs)", loop_config.period_s)
+    log.info("kai-ray scheduler running (cycle every %.1fs)%s", loop_config.period_s,
+             logsetup.age_note())
     worker = threading.Thread(target=loop.run, args=(is_leader,), name="scheduler-loop",
                               daemon=True)
     worker.start()

@@ -39,8 +39,7 @@ from wsgiref.simple_server import WSGIServer
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 
-from kai_ray.core.result import CycleResult, QueueShare
-from kai_ray.core.state import CPU, GPU, MEM
+from kai_ray.core.result import CPU, GPU, MEM, CycleResult, QueueShare
 
 NAMESPACE = "kai_ray"
 # QueueShare's tuples are indexed by the core's resource constants (cpu, memory, gpu)

@@ -15,6 +15,7 @@ from typing import Any
 from kubernetes import client
 
 from kai_ray.api_names import PODGROUP, QUEUE
+from kai_ray.controller import logsetup
 from kai_ray.controller.plan import (
     BACKOFF_SECONDS,
     BackOff,
@@ -179,6 +180,9 @@ class SchedulerLoop:
         plan = plan_cycle(decided, snapshot, podgroups, pods,
                           BackOff(self.backoff, self._backoff_why), time.monotonic())
         result = plan.result
+        if not self.cycles:  # how long start-up took, the interpreter and imports included
+            log.info("first cycle decided: %d binds, %d evictions%s", len(result.binds),
+                     len(result.evictions), logsetup.age_note())
         self._carry_out(plan, podgroups, pods, problems)
         self.cycles += 1
         self.last_result = result
@@ -307,9 +311,13 @@ class SchedulerLoop:
                 continue
             last = time.monotonic()
             try:
-                self.grouper.run_once()
+                handled = self.grouper.run_once()
             except Exception:  # one bad pass must not stop grouping
                 log.exception("pod grouping failed")
+            else:
+                if not self._grouped.is_set():  # the pass the first cycle waits for
+                    log.info("pod grouper: first pass, %d pods in %.2fs", handled,
+                             time.monotonic() - last)
             self._grouped.set()
             # new or changed pods at once; otherwise a pass per cycle period (retries of failed
             # pods, owner resyncs), as often as when the grouper ran inside the cycle

@@ -88,6 +88,10 @@ class JobStatus:
     details: tuple[tuple[str, str], ...] = ()
 
 
+# the index of each resource in QueueShare's tuples (and in the session's per-resource lists)
+CPU, MEM, GPU = 0, 1, 2
+
+
 @dataclass(frozen=True, slots=True)
 class QueueShare:
     """Per-resource numbers of one queue as (CPU millicores, memory bytes, GPUs)."""

@@ -29,10 +29,10 @@ from kai_ray.core.model import (
     Snapshot,
 )
 from kai_ray.core.queuetree import excluded_queues
+from kai_ray.core.result import GPU
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
-CPU, MEM, GPU = 0, 1, 2
 MILLI = 1000
 
 

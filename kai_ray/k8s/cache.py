@@ -8,9 +8,11 @@ import copy
 import dataclasses
 import logging
 import random
+import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import orjson
@@ -44,6 +46,16 @@ OnChange = Callable[[str, Obj, "Obj | None"], None]  # (event, object, the one i
 
 
 LIST_PAGE = 500  # objects per page of a list (the API server's default chunk size)
+# a list's continue token, in the head of its page: the API server writes the list's metadata
+# before its items; a token of other characters is simply not guessed
+_CONTINUE = re.compile(rb'\{(?:"kind":"\w*",)?(?:"apiVersion":"[\w./-]*",)?'
+                       rb'"metadata":\{[^{}]*?"continue":"([A-Za-z0-9+/=_-]+)"')
+
+
+def _continue_token(page: bytes) -> str | None:
+    """The continue token at the head of a list page, if there plainly is one."""
+    found = _CONTINUE.match(page, 0, 4096)
+    return found.group(1).decode() if found else None
 
 
 class Informer:
@@ -117,21 +129,27 @@ class Informer:
         keeps that much after they are freed (trimming after such a list saves nothing). An
         expired continue token is a 410, and `_run` lists again (backing off if it repeats)."""
         fresh: dict[str, Obj] = {}
-        token = None
-        while True:
-            page = {"limit": LIST_PAGE, **({"_continue": token} if token else {})}
-            resp = self.list_fn(_preload_content=False,
-                                _request_timeout=(self.connect_timeout, self.list_timeout),
-                                **page)
-            body = orjson.loads(resp.data)
-            del resp
-            self.last_contact = time.monotonic()
-            for o in body.get("items") or []:
-                fresh[_key(o)] = self.transform(o)
-            listed = body.get("metadata") or {}
-            token = listed.get("continue")
-            if not token:
-                break
+        # the next page is asked for while this one is parsed (its continue token read from
+        # the head of the response): the API server encodes it meanwhile, on the other core
+        ahead = ThreadPoolExecutor(1, thread_name_prefix=f"list-{self.name}")
+        try:
+            data = self._page(None)
+            while True:
+                guess = _continue_token(data)
+                next_page = ahead.submit(self._page, guess) if guess else None
+                body = orjson.loads(data)
+                del data
+                for o in body.get("items") or []:
+                    fresh[_key(o)] = self.transform(o)
+                listed = body.get("metadata") or {}
+                token = listed.get("continue")
+                if not token:
+                    break
+                # the guess is only a shortcut: what the parsed page says decides
+                data = next_page.result() if next_page is not None and token == guess \
+                    else self._page(token)
+        finally:
+            ahead.shutdown(wait=False, cancel_futures=True)
         if self.refused is not None:
             log.info("list of %s works again", self.name)
             self.refused = None
@@ -144,6 +162,15 @@ class Informer:
         self.synced.set()
         rv: str = listed.get("resourceVersion", "")
         return rv
+
+    def _page(self, token: str | None) -> bytes:
+        """One page of the list, as the API server's JSON."""
+        page = {"limit": LIST_PAGE, **({"_continue": token} if token else {})}
+        resp = self.list_fn(_preload_content=False,
+                            _request_timeout=(self.connect_timeout, self.list_timeout), **page)
+        data: bytes = resp.data
+        self.last_contact = time.monotonic()
+        return data
 
     def _stream(self, rv: str) -> Iterator[Obj]:
         """The watch's events as plain dicts. Not `kubernetes.watch.Watch`: it would turn every

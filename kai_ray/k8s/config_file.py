@@ -35,7 +35,7 @@ from kai_ray.k8s.ratelimit import DEFAULT_BURST, DEFAULT_QPS, validate
 DEFAULT_PERIOD_S = 1.0
 _CORE = SchedulerConfig()
 _BINDER = BinderConfig()
-# the names the core runs (kai_ray.core.schedule.run_action) and its packing policies, spelt
+# the names the core runs (kai_ray.core.python_cycle.run_action) and its packing policies, spelt
 # out for the schema; tests/k8s/test_config_file.py checks them against the core's own
 Action = Literal["allocate", "consolidation", "reclaim", "preempt", "stalegangeviction"]
 ACTIONS: tuple[Action, ...] = get_args(Action)

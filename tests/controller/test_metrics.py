@@ -10,9 +10,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kai_ray.controller.metrics import SchedulerMetrics, start_metrics_server
-from kai_ray.core.result import CycleResult
+from kai_ray.core.result import CPU, GPU, MEM, CycleResult
 from kai_ray.core.schedule import schedule
-from kai_ray.core.state import CPU, GPU, MEM
 from kai_ray.sim.scenario import config_of, load, snapshot_of
 
 SEEDS = {s.id: s for s in load(Path(__file__).parents[1] / "scenarios" / "seeds.yaml")}

@@ -1,0 +1,57 @@
+"""A pass of the pod grouper registers a bare pod's PodGroup (kai_ray.k8s.provisional) in its
+own thread: the pool is for pods whose grouping reads or writes through the API server."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from kai_ray.k8s.provisional import ProvisionalGroups
+from tests.controller.test_podgrouper_faults_unit import RS, Rig, _pod
+
+
+class _Pool:
+    """The grouper's pool, recording the pods handed to it."""
+
+    def __init__(self) -> None:
+        self.inner = ThreadPoolExecutor(2)
+        self.pods: list[str] = []
+
+    def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Any:
+        items = list(items)
+        self.pods += [key for key, _ in items]
+        return self.inner.map(fn, items)
+
+    def shutdown(self, wait: bool = True) -> None:
+        self.inner.shutdown(wait=wait)
+
+
+def test_bare_pods_are_registered_without_the_pool(monkeypatch: pytest.MonkeyPatch) -> None:
+    shared = _pod("shared")
+    shared["metadata"]["annotations"] = {"gpu-fraction": "0.5"}
+    r = Rig(monkeypatch, _pod("bare-a"), _pod("bare-b"), shared, _pod("owned", owner=RS),
+            owners={"rs": RS})
+    r.cache.provisional = ProvisionalGroups()  # type: ignore[attr-defined]
+    r.g.defer_bare_pods = True
+    pool = _Pool()
+    r.g.pool.shutdown()
+    r.g.pool = pool  # type: ignore[assignment]
+    try:
+        _check(r, pool)
+    finally:
+        pool.shutdown()
+
+
+def _check(r: Rig, pool: _Pool) -> None:
+    assert r.g.run_once() == 4
+    # registered, not written: in this thread
+    view, by_pod = r.cache.provisional.view()  # type: ignore[attr-defined]
+    assert sorted(by_pod) == ["ns/bare-a", "ns/bare-b"]
+    assert all(view[job]["metadata"]["namespace"] == "ns" for job in by_pod.values())
+    # a shared GPU needs its PodGroup written first; an owned pod reads its owner: the pool
+    assert sorted(pool.pods) == ["ns/owned", "ns/shared"]
+    assert len(r.podgroups) == 2 and set(r.patched) == {"owned", "shared"}
+    assert not r.events.emitted
