@@ -4,14 +4,13 @@
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import logging
 import random
 import re
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -23,11 +22,12 @@ from kubernetes.watch.watch import iter_resp_lines
 
 from kai_ray import api_names
 from kai_ray.api_names import PODGROUP, QUEUE
-from kai_ray.core.model import Job, Node, Pod, PodStatus, Snapshot
+from kai_ray.core.model import Job, Node, PodStatus, Snapshot
 from kai_ray.core.queuetree import queue_cycles
 from kai_ray.k8s import convert, rawapi, trim
 from kai_ray.k8s.gang_arrivals import GangArrivals
 from kai_ray.k8s.provisional import ProvisionalGroups
+from kai_ray.k8s.reads import JobReads, NodeReads, PodReads, object_key
 from kai_ray.k8s.suspend import stand_in_pods
 
 log = logging.getLogger(__name__)
@@ -36,10 +36,7 @@ ListFn = Callable[..., Any]
 
 
 
-def _key(obj: Obj) -> str:
-    m = obj.get("metadata") or {}
-    ns = m.get("namespace")
-    return f"{ns}/{m['name']}" if ns else m["name"]
+_key = object_key
 
 
 OnChange = Callable[[str, Obj, "Obj | None"], None]  # (event, object, the one it replaced)
@@ -279,93 +276,6 @@ def backoff_delay(failures: int, base: float = 0.25, cap: float = 4.0) -> float:
     return step / 2 + random.random() * step / 2
 
 
-class NodeReads:
-    """Nodes read into the core's model (`convert.node_from`), kept from one snapshot to the
-    next as PodReads keeps pods: a node the watch has not replaced is not read again, and the
-    problems its read reported (a bad GPU-memory label) are reported again. On 1,000 nodes
-    reading them all was half of a snapshot's time."""
-
-    def __init__(self) -> None:
-        self._held: dict[str, tuple[Obj, Node, list[convert.Problem]]] = {}
-
-    def read(self, obj: Obj, problems: list[convert.Problem]) -> Node:
-        key = _key(obj)
-        held = self._held.get(key)
-        if held is None or held[0] is not obj:
-            found: list[convert.Problem] = []
-            node = convert.node_from(obj, found)  # raises on a bad node: nothing kept
-            held = self._held[key] = (obj, node, found)
-        problems.extend(held[2])
-        return held[1]
-
-    def keep_only(self, keys: set[str]) -> None:
-        for key in self._held.keys() - keys:
-            del self._held[key]
-
-
-class JobReads:
-    """Jobs read into the core's model (`convert.job_from`), kept from one snapshot to the
-    next: a PodGroup the watch has not replaced, with the very same member pods (in order)
-    and the same priority classes, gives the job read last time. Only a job read whole is
-    kept (one with a member left out is read again, and its problems said again)."""
-
-    def __init__(self) -> None:
-        self._held: dict[str, tuple[Obj, tuple[Obj, ...], tuple[Any, ...], Job]] = {}
-        self._seen: set[str] = set()
-
-    def get(self, key: str, pg: Obj, members: list[Obj], classes: tuple[Any, ...]
-            ) -> Job | None:
-        self._seen.add(key)
-        held = self._held.get(key)
-        if held is None or held[0] is not pg or held[2] != classes \
-                or len(held[1]) != len(members) \
-                or any(a is not b for a, b in zip(held[1], members, strict=True)):
-            return None
-        return held[3]
-
-    def keep(self, key: str, pg: Obj, members: list[Obj], classes: tuple[Any, ...],
-             job: Job) -> None:
-        self._held[key] = (pg, tuple(members), classes, job)
-
-    def forget_unseen(self) -> None:
-        for key in self._held.keys() - self._seen:
-            del self._held[key]
-        self._seen = set()
-
-
-class PodReads:
-    """Pods read into the core's model (`convert.pod_from`), kept from one snapshot to the
-    next: a pod the watch has not replaced since (the very same object; the cache never edits
-    a pod in place) with the same bind-intent entry is not read again. Reading every pod again
-    was most of a snapshot's time, and between two cycles few pods change."""
-
-    def __init__(self) -> None:
-        self._held: dict[str, tuple[Obj, dict[str, Any] | None, Pod]] = {}
-        self._seen: set[str] = set()
-
-    def read(self, pod: Obj, intent: Mapping[str, Any] | None) -> Pod:
-        key = _key(pod)
-        self._seen.add(key)
-        held = self._held.get(key)
-        if held is not None and held[0] is pod and held[1] == intent:
-            return held[2]
-        made = convert.pod_from(pod, intent)  # raises on a bad pod: nothing kept
-        self._held[key] = (pod, copy.deepcopy(dict(intent)) if intent is not None else None,
-                           made)
-        return made
-
-    def seen(self, pods: list[Obj]) -> None:
-        """Keep these pods' reads although this snapshot did not need them (their job was
-        kept whole by JobReads)."""
-        self._seen.update(_key(p) for p in pods)
-
-    def forget_unseen(self) -> None:
-        """Drop what the snapshot just taken did not read (pods gone, or left out)."""
-        for key in self._held.keys() - self._seen:
-            del self._held[key]
-        self._seen = set()
-
-
 class ClusterCache:
     """Nodes, pods, PodGroups, Queues and PriorityClasses, and the snapshot built from them."""
 
@@ -584,7 +494,6 @@ class ClusterCache:
         _count_unshared_devices(foreign, jobs, reservations, intent_devices, problems)
         nodes: list[Node] = []
         node_objs = self.nodes.values()
-        self.node_reads.keep_only({_key(obj) for obj in node_objs})
         for obj in node_objs:
             try:
                 node = self.node_reads.read(obj, problems)
@@ -615,8 +524,8 @@ class ClusterCache:
                 "queues under it run nothing until one spec.parentQueue on the cycle changes",
                 uid=str(((self.queues.get(name) or {}).get("metadata") or {}).get("uid")
                         or "")))
-        self.pod_reads.forget_unseen()
-        self.job_reads.forget_unseen()
+        for reads in (self.pod_reads, self.job_reads, self.node_reads):
+            reads.forget_unseen()
         return Snapshot(tuple(nodes), tuple(queues), tuple(jobs),
                         tuple(classes.items())), problems, podgroups
 

@@ -10,7 +10,7 @@ import pytest
 from kai_ray import api_names
 from kai_ray.core.model import PodStatus
 from kai_ray.k8s import convert
-from kai_ray.k8s.cache import JobReads, NodeReads, PodReads
+from kai_ray.k8s.reads import JobReads, NodeReads, PodReads
 
 
 def _pod(name: str, node: str | None = None) -> dict:
@@ -92,7 +92,9 @@ def test_a_node_is_read_once_until_replaced_and_its_problems_are_said_every_time
         node = reads.read(bad, said)
         assert not node.gpu_memory_synced
         assert [p.field for p in said] == [p.field for p in _problems_of(bad)] != []
-    reads.keep_only(set())
+    reads.forget_unseen()  # looked up in this snapshot: kept
+    assert set(reads._held) == {"a"}
+    reads.forget_unseen()  # not in the next: dropped
     assert not reads._held
 
 
