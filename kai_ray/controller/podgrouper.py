@@ -29,6 +29,7 @@ from kubernetes import client, dynamic
 from kubernetes.client.rest import ApiException
 from kubernetes.dynamic.exceptions import ResourceNotFoundError
 
+from kai_ray import api_names
 from kai_ray.api_names import LAST_START_ANNOTATION, PODGROUP
 from kai_ray.controller.raywatch import RayClusterWatch
 from kai_ray.grouping import GroupingConfig
@@ -204,7 +205,7 @@ class PodGrouper:
             seen: set[tuple[str, str]] = set()
             for pod in self.cache.pods.values():
                 m = pod.get("metadata") or {}
-                group = (m.get("annotations") or {}).get("pod-group-name")
+                group = (m.get("annotations") or {}).get(api_names.POD_GROUP_ANNOTATION)
                 if group and (m.get("namespace"), group) not in seen:
                     seen.add((m.get("namespace"), group))
                     keys.add(f"{m.get('namespace')}/{m['name']}")
@@ -218,7 +219,7 @@ class PodGrouper:
                 self._forget(key)  # deleted, or no longer ours
                 continue
             m = pod["metadata"]
-            group = (m.get("annotations") or {}).get("pod-group-name")
+            group = (m.get("annotations") or {}).get(api_names.POD_GROUP_ANNOTATION)
             if group and key in dirty and key not in also_due:
                 job_key = f"{m.get('namespace')}/{group}"
                 if self.cache.podgroups.get(job_key) is not None or (
@@ -347,8 +348,8 @@ class PodGrouper:
         writes.once(f"{ns}/{name}", lambda: self._write_podgroup(ns, name, grouping.podgroup))
         patch = grouping.pod_patch()
         m = pod["metadata"]
-        have_ann = (m.get("annotations") or {}).get("pod-group-name")
-        have_sub = (m.get("labels") or {}).get("kai.scheduler/subgroup-name")
+        have_ann = (m.get("annotations") or {}).get(api_names.POD_GROUP_ANNOTATION)
+        have_sub = (m.get("labels") or {}).get(api_names.SUBGROUP_LABEL)
         if have_ann != name or (grouping.subgroup is not None and have_sub != grouping.subgroup):
             rawapi.patch_pod(self.api, ns, m["name"], patch)
         return True

@@ -47,6 +47,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from kai_ray.api_names import SHARED_GPU_CONFIGMAP_ANNOTATION
 from kai_ray.grouping.config import GroupingConfig, is_scheduler_owned
 from kai_ray.grouping.objects import GroupingError, Obj
 
@@ -56,7 +57,7 @@ GPU_FRACTION_NUM_DEVICES = "gpu-fraction-num-devices"
 GPU_FRACTION_CONTAINER_NAME = "gpu-fraction-container-name"
 MPS = "mps"
 GPU_RESOURCE = "nvidia.com/gpu"
-CONFIGMAP_ANNOTATION = "runai/shared-gpu-configmap"
+CONFIGMAP_ANNOTATION = SHARED_GPU_CONFIGMAP_ANNOTATION
 # what an UPDATE must leave alone to skip the GPU-sharing checks
 SHARING_ANNOTATIONS = (GPU_FRACTION, GPU_MEMORY, GPU_FRACTION_NUM_DEVICES,
                        GPU_FRACTION_CONTAINER_NAME, MPS)

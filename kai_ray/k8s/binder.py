@@ -55,7 +55,7 @@ Obj = dict[str, Any]
 
 RESERVATION_APP = "kai-resource-reservation"
 GPU_INDEX_ANNOTATION = "run.ai/reserve_for_gpu_index"
-CONFIGMAP_ANNOTATION = "runai/shared-gpu-configmap"
+CONFIGMAP_ANNOTATION = api_names.SHARED_GPU_CONFIGMAP_ANNOTATION
 
 
 RESERVATION_IMAGE = f"ghcr.io/kai-ray/reservation:{__version__}"

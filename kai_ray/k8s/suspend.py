@@ -26,6 +26,7 @@ from typing import Any
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from kai_ray import api_names
 from kai_ray.api_names import PODGROUP
 from kai_ray.k8s.events import EventRecorder
 
@@ -86,7 +87,7 @@ def stand_in_pods(pg: Mapping[str, Any]) -> list[Obj]:
         pods.append({
             "metadata": {"name": d["name"], "namespace": m.get("namespace"), "labels": labels,
                          "annotations": {**(d.get("annotations") or {}),
-                                         "pod-group-name": m["name"]},
+                                         api_names.POD_GROUP_ANNOTATION: m["name"]},
                          "creationTimestamp": m.get("creationTimestamp"), "uid": ""},
             "spec": {"containers": d.get("containers") or [],
                      "nodeSelector": d.get("nodeSelector") or {},

@@ -32,6 +32,7 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 
+from kai_ray import api_names
 from kai_ray.testing import binaries, procs
 from kai_ray.testing.cluster import load_yaml_documents
 from kai_ray.testing.plane import Component, ControlPlane
@@ -202,8 +203,8 @@ class KaiRay(Peer):
     def install(self, plane: ControlPlane, namespace: str) -> None:
         open_ = {"quota": -1, "limit": -1, "overQuotaWeight": 1}
         client.CustomObjectsApi(plane.api_client()).create_cluster_custom_object(
-            "scheduling.run.ai", "v2", "queues", {
-                "apiVersion": "scheduling.run.ai/v2", "kind": "Queue",
+            *api_names.QUEUE.gvp, {
+                "apiVersion": api_names.QUEUE.api_version, "kind": api_names.QUEUE.kind,
                 "metadata": {"name": QUEUE},
                 "spec": {"resources": {"gpu": open_, "cpu": open_, "memory": open_}}})
 
@@ -230,16 +231,16 @@ class KaiRay(Peer):
 
 
 def _kai_podgroup(name: str, size: int) -> tuple[str, str, str, Obj]:
-    return ("scheduling.run.ai", "v2alpha2", "podgroups", {
-        "apiVersion": "scheduling.run.ai/v2alpha2", "kind": "PodGroup",
+    return (*api_names.PODGROUP.gvp, {
+        "apiVersion": api_names.PODGROUP.api_version, "kind": api_names.PODGROUP.kind,
         "metadata": {"name": name}, "spec": {"queue": QUEUE, "minMember": size}})
 
 
 def _kai_pod(name: str, gang: str | None, gpus: int) -> Obj:
     # KAI's convention: the queue label on every pod; a pod that names its PodGroup is left
     # alone by the pod grouper, a bare pod gets one from it
-    return base_pod(name, "kai-scheduler", gpus, labels={"kai.scheduler/queue": QUEUE},
-                    annotations={"pod-group-name": gang} if gang else None)
+    return base_pod(name, "kai-scheduler", gpus, labels={api_names.QUEUE_LABEL: QUEUE},
+                    annotations={api_names.POD_GROUP_ANNOTATION: gang} if gang else None)
 
 
 @dataclass
@@ -276,8 +277,8 @@ class KaiScheduler(Peer):
             spec: Obj = {"resources": {"gpu": open_, "cpu": open_, "memory": open_}}
             if parent:
                 spec["parentQueue"] = parent
-            custom.create_cluster_custom_object("scheduling.run.ai", "v2", "queues", {
-                "apiVersion": "scheduling.run.ai/v2", "kind": "Queue",
+            custom.create_cluster_custom_object(*api_names.QUEUE.gvp, {
+                "apiVersion": api_names.QUEUE.api_version, "kind": api_names.QUEUE.kind,
                 "metadata": {"name": name}, "spec": spec})
         # the binder's namespace for GPU-sharing reservation pods (its Helm chart creates it)
         _ensure_namespace(plane, "kai-resource-reservation")
