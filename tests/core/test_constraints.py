@@ -9,6 +9,9 @@ from kai_ray.core.constraints import Requirement, Taint, Toleration, affinity_ma
 from kai_ray.core.model import Job, Node, Pod, Queue, Request, ResourceQuota, Snapshot
 from kai_ray.core.schedule import schedule
 
+# every test here on both cores, each named in its id (tests/core/conftest.py)
+pytestmark = pytest.mark.usefixtures("each_core")
+
 OPEN = ResourceQuota(-1.0, -1.0, 1.0)
 GPU_TAINT = Taint("nvidia.com/gpu", "present", "NoSchedule")
 

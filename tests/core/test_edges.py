@@ -4,6 +4,8 @@ compensates), Gt/Lt values read as Kubernetes reads them."""
 
 from __future__ import annotations
 
+import pytest
+
 from kai_ray.core import fairshare
 from kai_ray.core.constraints import Requirement
 from kai_ray.core.model import (
@@ -18,6 +20,9 @@ from kai_ray.core.model import (
     Snapshot,
 )
 from kai_ray.core.schedule import schedule
+
+# every test here on both cores, each named in its id (tests/core/conftest.py)
+pytestmark = pytest.mark.usefixtures("each_core")
 
 OPEN = ResourceQuota(-1, -1, -1)
 

@@ -2,6 +2,8 @@
 
 import dataclasses
 
+import pytest
+
 from kai_ray.core.constraints import Requirement
 from kai_ray.core.model import (
     Job,
@@ -15,6 +17,9 @@ from kai_ray.core.model import (
     Snapshot,
 )
 from kai_ray.core.schedule import schedule
+
+# every test here on both cores, each named in its id (tests/core/conftest.py)
+pytestmark = pytest.mark.usefixtures("each_core")
 
 OPEN = ResourceQuota(-1, -1, 1)
 

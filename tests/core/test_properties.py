@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 from collections import defaultdict
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -27,6 +28,9 @@ from kai_ray.core.model import (
 )
 from kai_ray.core.schedule import schedule
 from kai_ray.sim.runner import advance
+
+# every test here on both cores, each named in its id (tests/core/conftest.py)
+pytestmark = pytest.mark.usefixtures("each_core")
 
 OPEN = ResourceQuota(-1, -1, 1)
 

@@ -3,6 +3,8 @@ whole or not at all and evicted whole; below it, whole replicas fill the minimum
 
 from __future__ import annotations
 
+import pytest
+
 from kai_ray.core.model import (
     Job,
     Node,
@@ -16,6 +18,9 @@ from kai_ray.core.model import (
     SubGroup,
 )
 from kai_ray.core.schedule import schedule
+
+# every test here on both cores, each named in its id (tests/core/conftest.py)
+pytestmark = pytest.mark.usefixtures("each_core")
 
 OPEN = ResourceQuota(-1, -1, 1)
 GPU = Request(cpu_m=500, memory=10**9, gpus=1)
