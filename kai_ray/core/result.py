@@ -129,3 +129,9 @@ class CycleResult:
     # final state of every pod in the session (for simulators and explanations)
     pods: dict[str, PodOutcome] = field(default_factory=dict)
     action_seconds: dict[str, float] = field(default_factory=dict)
+
+
+# the result's classes, handed to the Rust core to build its answer with, in this order
+# (kai_ray.core.schedule; native/python/src/lib.rs reads them by position)
+RESULT_TYPES = (CycleResult, Bind, Pipeline, Evict, JobStatus, NodeFitSummary, QueueShare,
+                PodOutcome)

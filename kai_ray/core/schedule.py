@@ -17,16 +17,7 @@ from types import ModuleType
 from typing import Any, Literal
 
 from kai_ray.core.model import SchedulerConfig, Snapshot
-from kai_ray.core.result import (
-    Bind,
-    CycleResult,
-    Evict,
-    JobStatus,
-    NodeFitSummary,
-    Pipeline,
-    PodOutcome,
-    QueueShare,
-)
+from kai_ray.core.result import RESULT_TYPES, CycleResult
 
 Clock = Callable[[], float]
 Core = Literal["auto", "python", "native"]
@@ -34,8 +25,6 @@ CORES: tuple[Core, ...] = ("auto", "python", "native")
 NATIVE_MODULE = "kai_ray_native"
 # the calling convention this module speaks (kai_ray_native.ABI must match)
 NATIVE_ABI = 1
-_RESULT_TYPES = (CycleResult, Bind, Pipeline, Evict, JobStatus, NodeFitSummary, QueueShare,
-                 PodOutcome)
 
 
 class _Choice:
@@ -111,7 +100,7 @@ def schedule(snapshot: Snapshot, config: SchedulerConfig | None = None, now: flo
                 raise RuntimeError(f"the native core ({NATIVE_MODULE}) is not built: "
                                    "python3 -m kai_ray.testing.native_core prints where it is")
             if native is not None:
-                answer: Any = native.schedule(snapshot, config, now, clock, _RESULT_TYPES)
+                answer: Any = native.schedule(snapshot, config, now, clock, RESULT_TYPES)
                 if isinstance(answer, CycleResult):
                     return answer
                 if choice == "native":
