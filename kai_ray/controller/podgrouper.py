@@ -42,7 +42,7 @@ from kai_ray.k8s import rawapi
 from kai_ray.k8s.cache import ClusterCache
 from kai_ray.k8s.client import LazyCoreV1Api
 from kai_ray.k8s.events import EventRecorder
-from kai_ray.k8s.provisional import BOUND, WRITE, ProvisionalGroups, written_form
+from kai_ray.k8s.provisional import BOUND, WAITING, WRITE, ProvisionalGroups, written_form
 
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
@@ -334,8 +334,9 @@ class PodGrouper:
         classes = {pc["metadata"]["name"] for pc in self.cache.priority_classes.values()}
         ns = pod["metadata"]["namespace"]
         grouping = group_pod(pod, owners, classes, self.config, self.namespace_labels(ns))
-        if defer_only and not self._deferrable(pod, owners, grouping):
-            return False
+        if defer_only and not (self._deferrable(pod, owners, grouping)
+                               and self._registrable(f"{ns}/{grouping.name}")):
+            return False  # to the pool: its PodGroup is written (two round trips)
         for warning in grouping.warnings:
             self.events.emit(pod, "PodGrouperWarning", warning, type_="Warning")
         for owner in unserved:
@@ -364,6 +365,12 @@ class PodGrouper:
                     or owners.top.get("kind") != "Pod" or grouping.subgroup is not None
                     or (pod.get("spec") or {}).get("nodeName") or requests_gpu_sharing(pod)
                     or self.cache.podgroups.get(job_key) is not None)
+
+    def _registrable(self, job_key: str) -> bool:
+        """Whether the registry takes this PodGroup now: not one the loop asked to be written
+        (a pod the cycle could not place) or the binder holds."""
+        registry = self._registry()
+        return registry is not None and registry.state(job_key) in (None, WAITING)
 
     def _defer(self, pod: Obj, owners: Owners, grouping: Grouping) -> bool:
         """Register the PodGroup of a deferrable pod (`_deferrable`) instead of writing it;

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from kai_ray.k8s.provisional import ProvisionalGroups
+from kai_ray.k8s.provisional import WRITE, ProvisionalGroups
 from tests.controller.test_podgrouper_faults_unit import RS, Rig, _pod
 
 
@@ -55,3 +55,26 @@ def _check(r: Rig, pool: _Pool) -> None:
     assert sorted(pool.pods) == ["ns/owned", "ns/shared"]
     assert len(r.podgroups) == 2 and set(r.patched) == {"owned", "shared"}
     assert not r.events.emitted
+
+
+def test_a_bare_pod_the_loop_asked_written_goes_to_the_pool(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pod the cycle could not place gets its PodGroup written (two round trips): through
+    the pool, as many at a time as it has threads, not one by one in the pass."""
+    r = Rig(monkeypatch, _pod("waits"))
+    registry = ProvisionalGroups()
+    r.cache.provisional = registry  # type: ignore[attr-defined]
+    r.g.defer_bare_pods = True
+    pool = _Pool()
+    r.g.pool.shutdown()
+    r.g.pool = pool  # type: ignore[assignment]
+    try:
+        assert r.g.run_once() == 1 and not pool.pods  # registered in the pass
+        (job,) = registry.view()[1].values()
+        registry.mark(job, WRITE)  # as the loop does for a pod it could not place
+        r.cache.dirty = {"ns/waits"}
+        assert r.g.run_once() == 1
+        assert pool.pods == ["ns/waits"]
+        assert list(r.podgroups) == [job.split("/", 1)[1]] and set(r.patched) == {"waits"}
+    finally:
+        pool.shutdown()
