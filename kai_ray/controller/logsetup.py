@@ -30,7 +30,9 @@ def process_age_s() -> float | None:
             uptime = float(f.read().split()[0])
     except (OSError, ValueError, IndexError):
         return None
-    return max(0.0, uptime - started_ticks / os.sysconf("SC_CLK_TCK"))
+    age = uptime - started_ticks / os.sysconf("SC_CLK_TCK")
+    # below zero where /proc/uptime is the container's and the start the host's (lxcfs)
+    return age if age >= 0 else None
 
 
 def age_note() -> str:

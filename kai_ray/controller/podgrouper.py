@@ -231,10 +231,16 @@ class PodGrouper:
         # a bare pod whose PodGroup is only registered (no API call) is grouped here: the
         # pool's threads would only take turns on the GIL (5,000 such pods at start-up: 1.0 s
         # through the pool, a fraction of that here); the rest go to the pool
-        handled, pooled = 0, []
+        bare, pooled = [], []
         for item in todo:
-            done = self._group_one(*item, writes, defer_only=True) \
-                if not (item[1]["metadata"].get("ownerReferences")) else None
+            (pooled if item[1]["metadata"].get("ownerReferences") else bare).append(item)
+        # their namespaces' labels read first, on the pool (a GET each when not cached): a
+        # namespace that cannot be read now sends its pods to the pool, as before
+        spaces = sorted({pod["metadata"].get("namespace", "") for _, pod in bare})
+        labels = dict(zip(spaces, self.pool.map(self._labels_or_none, spaces), strict=True))
+        handled = 0
+        for item in bare:
+            done = self._group_one(*item, writes, inline_labels=labels)
             if done is None:
                 pooled.append(item)
             else:
@@ -246,13 +252,21 @@ class PodGrouper:
             arrivals.set()  # grouped pods may be placed now: the loop need not wait its period
         return handled
 
-    def _group_one(self, key: str, pod: Obj, writes: PassWrites,
-                   defer_only: bool = False) -> int | None:
-        """Group one pod; every failure stays with this pod (never the pass), and leaves it
-        scheduled for a retry or told why. `defer_only`: only if its PodGroup can wait to be
-        written (kai_ray.k8s.provisional); None, with nothing done, where it cannot."""
+    def _labels_or_none(self, namespace: str) -> Mapping[str, str] | None:
         try:
-            if not self._group(pod, writes, defer_only):
+            return self.namespace_labels(namespace)
+        except Exception:  # a timeout, a reset: the pool's pass reads it again
+            return None
+
+    def _group_one(self, key: str, pod: Obj, writes: PassWrites,
+                   inline_labels: Mapping[str, Mapping[str, str] | None] | None = None
+                   ) -> int | None:
+        """Group one pod; every failure stays with this pod (never the pass), and leaves it
+        scheduled for a retry or told why. `inline_labels` (namespace labels read for this
+        pass): only if its PodGroup can wait to be written (kai_ray.k8s.provisional), with no
+        API call; None, with nothing done, where it cannot."""
+        try:
+            if not self._group(pod, writes, inline_labels):
                 return None
         except RayClusterPending as e:
             # not a failure: the operator has not named the cluster yet; look again next pass
@@ -316,9 +330,12 @@ class PodGrouper:
                 out[cluster] = f"{m.get('namespace')}/{m['name']}"
         return set(out.values())
 
-    def _group(self, pod: Obj, writes: PassWrites, defer_only: bool = False) -> bool:
-        """Group `pod`: its PodGroup registered or written, the pod annotated. False, with
-        nothing done or told, when `defer_only` and the PodGroup would have to be written."""
+    def _group(self, pod: Obj, writes: PassWrites,
+               inline_labels: Mapping[str, Mapping[str, str] | None] | None = None) -> bool:
+        """Group `pod`: its PodGroup registered or written, the pod annotated. With
+        `inline_labels` (its namespace's labels as read for this pass), only a pod whose
+        PodGroup is registered, with no API call: False, with nothing done or told, for one
+        that needs a read or a write."""
         unserved: list[str] = []
 
         def read(api_version: str, kind: str, namespace: str, name: str
@@ -333,9 +350,16 @@ class PodGrouper:
         owners = resolve_top_owner(pod, read)
         classes = {pc["metadata"]["name"] for pc in self.cache.priority_classes.values()}
         ns = pod["metadata"]["namespace"]
-        grouping = group_pod(pod, owners, classes, self.config, self.namespace_labels(ns))
-        if defer_only and not (self._deferrable(pod, owners, grouping)
-                               and self._registrable(f"{ns}/{grouping.name}")):
+        if inline_labels is None:
+            ns_labels = self.namespace_labels(ns)
+        else:
+            known = inline_labels.get(ns)
+            if known is None:
+                return False  # its namespace could not be read: the pool reads it again
+            ns_labels = known
+        grouping = group_pod(pod, owners, classes, self.config, ns_labels)
+        if inline_labels is not None and not (self._deferrable(pod, owners, grouping)
+                                              and self._registrable(f"{ns}/{grouping.name}")):
             return False  # to the pool: its PodGroup is written (two round trips)
         for warning in grouping.warnings:
             self.events.emit(pod, "PodGrouperWarning", warning, type_="Warning")

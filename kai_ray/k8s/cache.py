@@ -11,7 +11,6 @@ import re
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import orjson
@@ -47,6 +46,31 @@ LIST_PAGE = 500  # objects per page of a list (the API server's default chunk si
 # before its items; a token of other characters is simply not guessed
 _CONTINUE = re.compile(rb'\{(?:"kind":"\w*",)?(?:"apiVersion":"[\w./-]*",)?'
                        rb'"metadata":\{[^{}]*?"continue":"([A-Za-z0-9+/=_-]+)"')
+
+
+class _Fetch:
+    """`fn(arg)` on a daemon thread of its own (a pool's threads are waited for at exit: a
+    page still downloading would hold a stopping scheduler past its grace period)."""
+
+    def __init__(self, fn: Callable[[Any], bytes], arg: Any, name: str) -> None:
+        self._fn, self._arg = fn, arg
+        self._value: bytes | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._value = self._fn(self._arg)
+        except BaseException as e:  # handed to the caller of result()
+            self._error = e
+
+    def result(self) -> bytes:
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
+        assert self._value is not None
+        return self._value
 
 
 def _continue_token(page: bytes) -> str | None:
@@ -128,25 +152,23 @@ class Informer:
         fresh: dict[str, Obj] = {}
         # the next page is asked for while this one is parsed (its continue token read from
         # the head of the response): the API server encodes it meanwhile, on the other core
-        ahead = ThreadPoolExecutor(1, thread_name_prefix=f"list-{self.name}")
-        try:
-            data = self._page(None)
-            while True:
-                guess = _continue_token(data)
-                next_page = ahead.submit(self._page, guess) if guess else None
-                body = orjson.loads(data)
-                del data
-                for o in body.get("items") or []:
-                    fresh[_key(o)] = self.transform(o)
-                listed = body.get("metadata") or {}
-                token = listed.get("continue")
-                if not token:
-                    break
-                # the guess is only a shortcut: what the parsed page says decides
-                data = next_page.result() if next_page is not None and token == guess \
-                    else self._page(token)
-        finally:
-            ahead.shutdown(wait=False, cancel_futures=True)
+        data = self._page(None)
+        while True:
+            guess = _continue_token(data)
+            next_page = _Fetch(self._page, guess, f"list-{self.name}") if guess else None
+            body = orjson.loads(data)
+            del data
+            for o in body.get("items") or []:
+                fresh[_key(o)] = self.transform(o)
+            listed = body.get("metadata") or {}
+            token = listed.get("continue")
+            if not token:
+                break
+            if self.stopping.is_set():
+                raise RuntimeError(f"list of {self.name} stopped")
+            # the guess is only a shortcut: what the parsed page says decides
+            data = next_page.result() if next_page is not None and token == guess \
+                else self._page(token)
         if self.refused is not None:
             log.info("list of %s works again", self.name)
             self.refused = None

@@ -22,7 +22,7 @@ class _Pool:
 
     def map(self, fn: Callable[[Any], Any], items: Iterable[Any]) -> Any:
         items = list(items)
-        self.pods += [key for key, _ in items]
+        self.pods += [item[0] for item in items if isinstance(item, tuple)]  # pods, not names
         return self.inner.map(fn, items)
 
     def shutdown(self, wait: bool = True) -> None:
@@ -76,5 +76,31 @@ def test_a_bare_pod_the_loop_asked_written_goes_to_the_pool(
         assert r.g.run_once() == 1
         assert pool.pods == ["ns/waits"]
         assert list(r.podgroups) == [job.split("/", 1)[1]] and set(r.patched) == {"waits"}
+    finally:
+        pool.shutdown()
+
+
+def test_a_namespace_that_cannot_be_read_sends_its_bare_pods_to_the_pool(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Its labels are read once for the pass, on the pool; a failure there is not retried pod
+    by pod in the pass: the pods go to the pool, which reads it again (and retries them)."""
+    r = Rig(monkeypatch, _pod("a"), _pod("b"))
+    r.cache.provisional = ProvisionalGroups()  # type: ignore[attr-defined]
+    r.g.defer_bare_pods = True
+    reads: list[str] = []
+
+    def unreachable(namespace: str) -> dict[str, str]:
+        reads.append(namespace)
+        raise TimeoutError("read timed out")
+
+    r.g.namespace_labels = unreachable  # type: ignore[method-assign]
+    pool = _Pool()
+    r.g.pool.shutdown()
+    r.g.pool = pool  # type: ignore[assignment]
+    try:
+        assert r.g.run_once() == 0
+        assert sorted(pool.pods) == ["ns/a", "ns/b"]
+        assert len(reads) == 3  # once for the pass, once per pod in the pool
+        assert set(r.g.retry) == {"ns/a", "ns/b"}  # tried again later, as any failure
     finally:
         pool.shutdown()

@@ -63,16 +63,21 @@ def test_the_next_page_is_asked_for_before_this_one_is_parsed() -> None:
     pages = _Pages({None: _page(["a", "b"], "t1"), "t1": _page(["c"], "t2"),
                     "t2": _page(["d"], None)})
     seen_ahead: list[bool] = []
+    daemons: list[bool] = []
 
     def transform(obj: dict) -> dict:
         if obj["metadata"]["name"] == "a":  # page one's items: page two must be on its way
             seen_ahead.append(pages.asked_event["t1"].wait(5))
+            # on a daemon thread: a page still downloading never holds the process at exit
+            fetchers = [t for t in threading.enumerate() if t.name == "list-pods"]
+            daemons.extend(t.daemon for t in fetchers)
         return obj
 
     inf = Informer("pods", pages, lambda *_: None, transform=transform)
     assert inf._list() == "9"
     assert sorted(inf.items) == ["ns/a", "ns/b", "ns/c", "ns/d"]
     assert seen_ahead == [True]
+    assert all(daemons)
     assert pages.asked == [None, "t1", "t2"]
 
 
