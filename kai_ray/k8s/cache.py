@@ -34,10 +34,6 @@ Obj = dict[str, Any]
 ListFn = Callable[..., Any]
 
 
-
-_key = object_key
-
-
 OnChange = Callable[[str, Obj, "Obj | None"], None]  # (event, object, the one it replaced)
 
 
@@ -159,7 +155,7 @@ class Informer:
             body = orjson.loads(data)
             del data
             for o in body.get("items") or []:
-                fresh[_key(o)] = self.transform(o)
+                fresh[object_key(o)] = self.transform(o)
             listed = body.get("metadata") or {}
             token = listed.get("continue")
             if not token:
@@ -227,7 +223,7 @@ class Informer:
                     rv = (obj.get("metadata") or {}).get("resourceVersion", rv)
                     if kind == "BOOKMARK":
                         continue
-                    key = _key(obj)
+                    key = object_key(obj)
                     with self.lock:
                         if kind == "DELETED":
                             old = self.items.pop(key, None)
@@ -350,11 +346,11 @@ class ClusterCache:
 
     def _pod_changed(self, kind: str, obj: Obj, old: Obj | None) -> None:
         ours = convert.is_ours(obj)
-        joined = self.gangs.pod_event(kind, _key(obj), obj, old) if ours else None
+        joined = self.gangs.pod_event(kind, object_key(obj), obj, old) if ours else None
         unbound = not (obj.get("spec") or {}).get("nodeName")
         if kind != "DELETED" and ours and may_regroup(obj, old):
             with self._dirty_lock:
-                self.dirty_pods.add(_key(obj))
+                self.dirty_pods.add(object_key(obj))
                 self.grouping_wakeups += 1
                 self.pods_to_group.set()
             if kind == "ADDED" and unbound:
@@ -366,7 +362,7 @@ class ClusterCache:
 
     def _podgroup_changed(self, kind: str, obj: Obj, old: Obj | None) -> None:
         if kind == "ADDED":
-            self.gangs.check(_key(obj), obj)
+            self.gangs.check(object_key(obj), obj)
             self.arrivals.set()
         self.changed.set()
 
@@ -715,4 +711,4 @@ def _fields(node: Node) -> dict[str, Any]:
 
 
 def objects(items: Iterable[Obj]) -> dict[str, Obj]:
-    return {_key(o): o for o in items}
+    return {object_key(o): o for o in items}
