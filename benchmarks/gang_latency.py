@@ -73,6 +73,7 @@ def latency(key: str, args: argparse.Namespace) -> dict:
         pods_of = {g: [f"{g}-{k}" for k in range(size)] for g in gangs}
         names = {"warmup"} | {p for ps in pods_of.values() for p in ps}
         created_at: dict[str, float] = {}
+        created_wall: dict[str, float] = {}  # to find a slow gang in the scheduler's log
         with BindWatch(api, names) as watch:
             watch.informer.synced.wait(60)
             start = time.monotonic()
@@ -90,6 +91,7 @@ def latency(key: str, args: argparse.Namespace) -> dict:
                 _, pods = peer.gang(g, size, args.gpus_per_pod) if peer.gangs else \
                     (None, [peer.pod(p, None, 1, args.gpus_per_pod) for p in pods_of[g]])
                 created_at[g] = time.monotonic()
+                created_wall[g] = time.time()
                 if peer.gangs:
                     peer.create_group(api, NS, g, size)
                 for p in pods:
@@ -132,8 +134,11 @@ def latency(key: str, args: argparse.Namespace) -> dict:
             out["mean_first_tenth_s"] = round(sum(ordered[:tenth]) / tenth, 3)
             out["mean_last_tenth_s"] = round(sum(ordered[-tenth:]) / tenth, 3)
             # where the tail is: at the start (warming up) or spread over the run
-            out["slowest"] = {g: round(lat[g], 3)
-                              for g in sorted(lat, key=lat.__getitem__, reverse=True)[:5]}
+            slowest = sorted(lat, key=lat.__getitem__, reverse=True)[:5]
+            out["slowest"] = {g: round(lat[g], 3) for g in slowest}
+            out["slowest_created_utc"] = {
+                g: time.strftime("%H:%M:%S", time.gmtime(created_wall[g]))
+                + f".{int(created_wall[g] % 1 * 1000):03d}" for g in slowest}
             out.update({f"{name}_s": round(v, 3) for name, v in (
                 ("p50", percentile(values, 50)), ("p90", percentile(values, 90)),
                 ("p99", percentile(values, 99)), ("max", max(values)),

@@ -147,6 +147,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     # collecting while they arrive (each generation-2 pass walks all of them again) doubled
     # the sync's CPU (benchmarks/cache_parse.py), and frozen they are never walked again
     # (freed by refcount as events replace them)
+    logsetup.GcPauses().install()
     gc.disable()
     try:
         cache.start()

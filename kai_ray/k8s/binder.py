@@ -635,7 +635,7 @@ class Binder:
         self.gave_up[f"{m['namespace']}/{m['name']}"] = message
         self.events.emit(pod, "BindFailed", message, type_="Warning")
         try:
-            not_scheduled(self.core, pod, "BindFailed", message)
+            self._not_scheduled(pod, "BindFailed", message)
         except Exception as e:  # the event says it; the next give-up writes it again
             log.warning("pod %s/%s: condition not written: %s", m["namespace"], m["name"],
                         describe_error(e))
@@ -680,6 +680,9 @@ class Binder:
         m = pod["metadata"]
         rawapi.bind(self.bind_api, m["namespace"], m["name"], m.get("uid"), node,
                     timeout=self.write_timeout(), annotations=annotations)
+
+    def _not_scheduled(self, pod: Obj, reason: str, message: str) -> None:
+        not_scheduled(self.api, pod, reason, message)
 
     # ------------------------------------------------------------------ GPU sharing
     def _ensure_reservation_access(self) -> None:
@@ -877,7 +880,7 @@ class Binder:
         log.warning("pod %s/%s: %s", m["namespace"], m["name"], message)
         self.events.emit(pod, "GPUReservationFailed", message, type_="Warning")
         try:
-            not_scheduled(self.core, pod, "GPUReservationFailed", message)
+            self._not_scheduled(pod, "GPUReservationFailed", message)
         except Exception as e:  # the event says it already
             log.warning("pod %s/%s: condition not written: %s", m["namespace"], m["name"],
                         describe_error(e))

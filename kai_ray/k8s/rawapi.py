@@ -17,6 +17,9 @@ from kai_ray.api_names import CustomResource
 log = logging.getLogger(__name__)
 Obj = dict[str, Any]
 MERGE_PATCH = "application/merge-patch+json"
+# merges lists by their key (a pod's status.conditions by `type`), where a JSON merge patch
+# would replace the whole list
+STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 
 
 Timeout = tuple[float, float] | None  # (connect, read) seconds; None: the client's own
@@ -71,6 +74,11 @@ def create_event(api: client.ApiClient, namespace: str, event: Obj) -> None:
 
 def patch_pod(api: client.ApiClient, namespace: str, name: str, patch: Obj) -> None:
     request(api, "PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}", patch, MERGE_PATCH)
+
+
+def patch_pod_status(api: client.ApiClient, namespace: str, name: str, patch: Obj) -> None:
+    request(api, "PATCH", f"/api/v1/namespaces/{namespace}/pods/{name}/status", patch,
+            STRATEGIC_MERGE_PATCH)
 
 
 def patch_custom(api: client.ApiClient, resource: CustomResource, namespace: str, name: str,

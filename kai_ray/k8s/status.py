@@ -17,7 +17,6 @@ from kai_ray import api_names
 from kai_ray.api_names import PODGROUP, QUEUE
 from kai_ray.core.result import CycleResult, JobStatus, QueueShare
 from kai_ray.k8s import convert, rawapi
-from kai_ray.k8s.client import LazyCoreV1Api
 from kai_ray.k8s.events import EventRecorder
 from kai_ray.k8s.provisional import is_provisional
 
@@ -41,15 +40,17 @@ def resource_list(values: tuple[float, float, float]) -> dict[str, str]:
     return out
 
 
-def not_scheduled(core: client.CoreV1Api, pod: Obj, reason: str, message: str) -> None:
+def not_scheduled(api: client.ApiClient, pod: Obj, reason: str, message: str) -> None:
     """Condition PodScheduled=False with `reason` and `message` on the pod (best effort: a pod
-    gone meanwhile, or a refused write, is logged, never raised)."""
+    gone meanwhile, or a refused write, is logged, never raised). A plain request, not
+    CoreV1Api's: the first cycles write these for gangs still missing pods, and importing that
+    class (every core model) then held the cycle for over a second."""
     body = {"status": {"conditions": [{
         "type": "PodScheduled", "status": "False", "reason": reason,
         "message": message, "lastTransitionTime": convert.now_rfc3339()}]}}
     m = pod["metadata"]
     try:
-        core.patch_namespaced_pod_status(m["name"], m["namespace"], body)
+        rawapi.patch_pod_status(api, m["namespace"], m["name"], body)
     except ApiException as e:
         if e.status != 404:
             log.warning("pod %s/%s condition not written: %s", m["namespace"], m["name"],
@@ -63,7 +64,6 @@ class StatusWriter:
     def __init__(self, api: client.ApiClient, events: EventRecorder, workers: int = 8) -> None:
         self.pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="status")
         self.api = api
-        self.core = LazyCoreV1Api(api)  # its import is slow: made on first use
         self.custom = client.CustomObjectsApi(api)
         self.events = events
         self.queue_status: dict[str, Obj] = {}
@@ -98,7 +98,7 @@ class StatusWriter:
         for cond in (pod.get("status") or {}).get("conditions") or []:
             if cond.get("type") == "PodScheduled" and cond.get("message") == message:
                 return
-        not_scheduled(self.core, pod, "Unschedulable", message)
+        not_scheduled(self.api, pod, "Unschedulable", message)
 
     def _podgroup_unschedulable(self, pg: Obj, status: JobStatus) -> None:
         self.events.emit(pg, "Unschedulable", f"{status.reason}: {status.message}",

@@ -29,7 +29,6 @@ class _Events:
 
 class _Core:
     def __init__(self, evict_error: Exception | None = None) -> None:
-        self.conditions: list[tuple[str, dict]] = []
         self.evict_error = evict_error
         self.evicted: list[str] = []
         self.patched: list[tuple[str, dict]] = []
@@ -40,9 +39,6 @@ class _Core:
 
     def delete_namespaced_config_map(self, name: str, ns: str) -> None:
         self.deleted_configmaps.append(name)
-
-    def patch_namespaced_pod_status(self, name: str, ns: str, body: dict) -> None:
-        self.conditions.append((name, body["status"]["conditions"][0]))
 
     def create_namespaced_pod_eviction(self, name: str, ns: str, body: Any, **_: Any) -> None:
         if self.evict_error is not None:
@@ -61,11 +57,15 @@ class _Binder(Binder):
                                       retry_s=retry_s, gang_bind_workers=gang_bind_workers))
         self.refuse = refuse
         self.core = _Core()  # type: ignore[assignment]
+        self.conditions: list[tuple[str, str, str]] = []  # (pod, reason, message)
         self.bound: list[str] = []
         self.tries: list[str] = []
         self.patches: list[dict] = []
         self.server_bound: set[str] = set()
         self.unreadable_now: set[str] = set()
+
+    def _not_scheduled(self, pod: dict, reason: str, message: str) -> None:
+        self.conditions.append((pod["metadata"]["name"], reason, message))
 
     def _bind(self, pod: dict, node: str, annotations: object = None) -> None:
         name = pod["metadata"]["name"]
@@ -126,11 +126,11 @@ def test_after_the_allowed_tries_the_gang_goes_back_to_pending() -> None:
     assert set(binder.gave_up) == {"ns/a", "ns/b"}
     assert not convert.bind_intent(pgs["g"]), "the gang's unbound pods leave the intent"
     assert binder.bound == []
-    conditions = dict(binder.core.conditions)  # type: ignore[attr-defined]
-    assert {c["reason"] for c in conditions.values()} == {"BindFailed"}
-    assert "not allowed by policy p" in conditions["a"]["message"]
-    assert "3 times" in conditions["a"]["message"]
-    assert "the bind of a, a pod of the same gang, was refused" in conditions["b"]["message"]
+    conditions = {pod: (reason, message) for pod, reason, message in binder.conditions}
+    assert {reason for reason, _ in conditions.values()} == {"BindFailed"}
+    assert "not allowed by policy p" in conditions["a"][1]
+    assert "3 times" in conditions["a"][1]
+    assert "the bind of a, a pod of the same gang, was refused" in conditions["b"][1]
     assert any(r == "BindFailed" for _, r, _ in binder.events.emitted)  # type: ignore[attr-defined]
 
 
@@ -156,7 +156,7 @@ def test_transient_faults_are_retried_with_back_off_and_never_given_up() -> None
         for _ in range(10):  # far more cycles than bind_attempts
             binder.resume(pgs.values(), pods)
         assert not binder.gave_up and set(convert.bind_intent(pgs["g"])) == {"a", "b"}, fault
-        assert binder.tries == ["a"] * 11 and binder.core.conditions == []  # type: ignore[attr-defined]
+        assert binder.tries == ["a"] * 11 and binder.conditions == []
         assert any(r == "BindRetrying" for _, r, _ in binder.events.emitted)  # type: ignore[attr-defined]
         del binder.refuse["a"]  # the fault ends: the gang is bound
         assert binder.resume(pgs.values(), pods) == 2 and not convert.bind_intent(pgs["g"])
