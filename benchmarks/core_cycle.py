@@ -1,7 +1,7 @@
 """One full scheduling cycle (snapshot compile + all actions) on synthetic clusters.
 
     python benchmarks/core_cycle.py [--sizes 100 1000 5000] [--repeat 5] [--count-calls]
-                                    [--compiled] [--native] [--busy] [--no-actions]
+                                    [--native] [--busy] [--no-actions]
                                     [--gpu-packing POLICY] [--compare]
 
 `--no-actions` runs the cycle without its actions (`SchedulerConfig.actions = ()`): the fixed
@@ -26,12 +26,9 @@ count the binpack walks tried for whole-GPU and fractional pods, some of which l
 to the array pass; `fraction_few` / `fraction_many`: fractional pods whose candidates the
 session's buckets give, or the array pass finds) of one cycle: where the time goes,
 independent of machine load.
-`--compiled` runs the Python core compiled by mypyc (built once per version of the core's
-source, about a minute; kai_ray/testing/compiled_core.py); `--native` the Rust core (native/,
-built once per version of its sources with cargo; kai_ray/testing/native_core.py), timed the
-same way: `schedule()` from the Python snapshot to the Python CycleResult. `--compiled --native`
-is what the image runs: the Rust core, with the snapshot read from and the result built as
-objects of the compiled Python modules. The first line of output says which core ran.
+`--native` runs the Rust core (native/, built once per version of its sources with cargo;
+kai_ray/testing/native_core.py), timed the same way: `schedule()` from the Python snapshot to the
+Python CycleResult, as the scheduler runs it. The first line of output says which core ran.
 """
 
 from __future__ import annotations
@@ -40,12 +37,9 @@ import argparse
 import collections
 import dataclasses
 import functools
-import os
 import statistics
-import subprocess
 import sys
 import time
-from pathlib import Path
 
 from kai_ray.core import packing, placement
 from kai_ray.core.actions import solver, victim_stream
@@ -53,7 +47,7 @@ from kai_ray.core.model import SchedulerConfig
 from kai_ray.core.result import CycleResult
 from kai_ray.core.schedule import Core, schedule
 from kai_ray.sim.synthetic import busy_cluster, cluster
-from kai_ray.testing import compiled_core, native_core
+from kai_ray.testing import native_core
 
 
 def main() -> int:
@@ -61,7 +55,6 @@ def main() -> int:
     parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000, 5000])
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--count-calls", action="store_true")
-    parser.add_argument("--compiled", action="store_true")
     parser.add_argument("--native", action="store_true")
     parser.add_argument("--busy", action="store_true")
     parser.add_argument("--no-actions", action="store_true")
@@ -73,25 +66,9 @@ def main() -> int:
     if args.native and args.count_calls:
         parser.error("--count-calls wraps Python functions: not with --native")
     core: Core = "native" if args.native else "python"
-    native = os.environ.get("KAI_RAY_BENCH_NATIVE")  # built by the parent of a --compiled run
-    if args.native and not native:
-        native = str(native_core.build(log=lambda m: print(m, file=sys.stderr)))
-    if args.compiled and not compiled_core.running_compiled():
-        if args.count_calls:
-            parser.error("--count-calls wraps Python functions: not with --compiled")
-        path = compiled_core.build(log=lambda m: print(m, file=sys.stderr))
-        env = {**native_core.without(compiled_core.env(path)), "KAI_RAY_BENCH_COMPILED": "1"}
-        if native:
-            env["KAI_RAY_BENCH_NATIVE"] = native
-        # -P: the script's own directory must not put the checkout's kai_ray first
-        return subprocess.call([sys.executable, "-P", *sys.argv], env=env)
-    if os.environ.get("KAI_RAY_BENCH_COMPILED") and not compiled_core.running_compiled():
-        raise SystemExit("the compiled core did not load (is an interpreted kai_ray first on "
-                         "sys.path?)")
-    if native:
-        native_core.use(Path(native))
-    python = "compiled (mypyc)" if compiled_core.running_compiled() else "interpreted"
-    name = f"native (Rust), Python {python}" if args.native else python
+    if args.native:
+        native_core.use(native_core.build(log=lambda m: print(m, file=sys.stderr)))
+    name = "native (Rust)" if args.native else "Python"
     print(f"core: {name}" + ("; busy clusters" if args.busy else "")
           + (f"; gpu_packing {args.gpu_packing}" if args.gpu_packing != "kai" else ""))
     counts: collections.Counter[str] = collections.Counter()

@@ -6,18 +6,16 @@
 issue's workload (`cluster`). `--native` runs the Rust core (built if need be,
 kai_ray/testing/native_core.py); otherwise the Python core runs, whatever is on sys.path.
 
-Prints which core ran (native, compiled or interpreted), the CPU seconds, binds and evictions, and a
+Prints which core ran (native or Python), the CPU seconds, binds and evictions, and a
 digest of every decision and explanation (binds with nodes and devices, evictions with their
 messages, pipelined pods, job statuses, queue shares, every pod's outcome): equal digests at
 two commits mean the same decisions. Under
 callgrind it gives a count of instructions that does not drift with the machine's speed, which
-is how BENCHMARKS.md compares versions of the compiled core:
+is how to compare two versions of a core on a machine whose speed varies:
 
     PY=$(python3 -c 'import sys; print(sys.executable)')   # the interpreter, not a shim
-    CORE=$(python3 -c 'from kai_ray.testing import compiled_core as c; print(c.build())')
-    PYTHONPATH=$CORE valgrind --tool=callgrind --callgrind-out-file=cg.out \\
-        $PY -P benchmarks/one_cycle.py 1000
-    callgrind_annotate --inclusive=yes cg.out | grep 'CPyDef_schedule___schedule '
+    valgrind --tool=callgrind --callgrind-out-file=cg.out $PY benchmarks/one_cycle.py 1000 --native
+    callgrind_annotate --inclusive=yes cg.out | head
 """
 
 from __future__ import annotations
@@ -27,7 +25,6 @@ import hashlib
 import sys
 import time
 
-from kai_ray import core
 from kai_ray.core.result import CycleResult
 from kai_ray.core.schedule import schedule
 from kai_ray.sim.synthetic import busy_cluster, cluster
@@ -47,8 +44,7 @@ def main() -> int:
     if args.native:
         native_core.use(native_core.build(log=lambda m: print(m, file=sys.stderr)))
     result = schedule(snapshot, now=0.0, core="native" if args.native else "python")
-    name = "native (Rust)" if args.native else (
-        "compiled (mypyc)" if core.COMPILED else "interpreted")
+    name = "native (Rust)" if args.native else "Python"
     print(f"core: {name}; {size} "
           f"{'busy ' if args.busy else ''}nodes: "
           f"{time.process_time() - start:.3f} s CPU, {len(result.binds)} binds, "

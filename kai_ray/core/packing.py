@@ -129,8 +129,7 @@ class ShapeSet:
     allowed: BoolArr  # (K, M) allowed models per shape
     weight: FloatArr  # (K,)
     memory_mib: IntArr | None = None  # (K,) typical memory; None = not limiting (lookahead)
-    # derived tables, computed once per shape set (cached_property needs an instance __dict__,
-    # which the compiled core's classes do not have): by name, arrival weights by supply bytes
+    # derived tables, computed once per shape set: by name, arrival weights by supply bytes
     _memo: dict[str | bytes, Any] = field(default_factory=dict, init=False, repr=False,
                                           compare=False)
 

@@ -36,8 +36,7 @@ R_SELECTOR = "didn't match Pod's node affinity/selector"
 
 
 class Choice:
-    """Where a task goes. A plain class: mypyc compiles its `__init__`, a dataclass's runs as
-    Python (one per placement, simulations included)."""
+    """Where a task goes (one per placement, simulations included)."""
 
     __slots__ = ("groups", "new_groups", "node", "on_idle")
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# The four per-pod classes below (tens of thousands per cycle) write their own `__init__`:
-# mypyc compiles that, while a dataclass-generated one runs as Python bytecode (and `slots=True`
-# would replace the compiled class by a plain one). Not frozen (a frozen dataclass's fields cannot
-# be set in a hand-written `__init__`): treat them as read-only.
+# The four per-pod classes below (tens of thousands per cycle) write their own `__init__`, whose
+# positional order the Rust core calls (RESULT_TYPES; native/python/src/lib.rs). Not frozen (a
+# frozen dataclass's fields cannot be set in a hand-written `__init__`): treat them as read-only.
 
 
 @dataclass(init=False)

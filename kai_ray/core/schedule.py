@@ -1,11 +1,10 @@
 """`schedule(snapshot, config, now) -> CycleResult`: one KAI cycle, pure.
 
-Two implementations take the same decisions: the Python core, the reference
-(`kai_ray.core.python_cycle`), and the Rust port in `native/` (module `kai_ray_native`), five
-times as fast as the Python one compiled. `core="auto"` (the default) runs the Rust core when
-it is importable and takes the input (every packing policy included), else the Python one,
-which is imported only then; tests compare the two decision by decision
-(tests/core/test_native_core.py).
+Two implementations take the same decisions: the Python core, the specification
+(`kai_ray.core.python_cycle`), and the Rust engine in `native/` (module `kai_ray_native`).
+`core="auto"` (the default) runs the Rust core when it is importable and takes the input (every
+packing policy included), else the Python one, which is imported only then; tests compare the
+two decision by decision (tests/core/test_native_core.py).
 """
 
 from __future__ import annotations
@@ -68,14 +67,10 @@ def native_core(refresh: bool = False) -> ModuleType | None:
 
 
 def describe_core() -> str:
-    """Which core `schedule` runs by default, for logs: native (Rust), compiled or interpreted
-    Python."""
-    from kai_ray import core
-
-    python = "compiled (mypyc)" if core.COMPILED else "interpreted"
+    """Which core `schedule` runs by default, for logs: the Rust one, or the Python one."""
     if _CHOICE.default != "python" and native_core() is not None:
-        return f"native (Rust), Python core {python} for what it does not take"
-    return f"Python, {python}"
+        return "native (Rust), the Python core for what it does not take"
+    return "Python (the specification; the Rust core is not built or not chosen)"
 
 
 def schedule(snapshot: Snapshot, config: SchedulerConfig | None = None, now: float = 0.0,

@@ -110,7 +110,7 @@ class Task:
 
 
 class PodSet:
-    # plain classes here and below: mypyc compiles their `__init__`, a dataclass's runs as Python
+    # plain slotted classes here and below: a session holds one per task, job and device
     __slots__ = ("min_member", "name", "replica_size", "stale_min", "tasks")
 
     def __init__(self, name: str, min_member: int, tasks: list[Task] | None = None,

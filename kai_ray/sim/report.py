@@ -140,5 +140,5 @@ def as_json(scenario: Scenario, outcome: Outcome) -> dict[str, Any]:
 
 
 def vars_of(obj: Any) -> dict[str, Any]:
-    # by the dataclass fields: the compiled core's classes have no __slots__ to read
+    # by the dataclass fields (the result classes have no instance __dict__ to read)
     return {f.name: getattr(obj, f.name) for f in dataclasses.fields(obj)}

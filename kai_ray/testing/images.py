@@ -10,7 +10,7 @@ saved as a docker-archive tar that `ctr -n k8s.io images import` accepts:
     kai-ray-reservation  the GPU reservation pod: `python3 -m kai_ray.reservation`, user 65532
     kai-ray-ray          Ray (ray[default], pinned) + kai_ray, so Ray workers `import kai_ray.ray`
     kai-ray              the scheduler/webhook image the chart runs (operator/Dockerfile): kai-ray
-                         with the core compiled (mypyc) and the Rust core, on debian-python
+                         with the Rust core built in, on debian-python
 
 Each archive lives in $KAI_RAY_CACHE/images/<name>/<key>/ (default ~/.cache/kai-ray), where
 the key hashes everything that decides its bytes: the Dockerfile, the files put in the build
@@ -41,7 +41,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import kai_ray
-from kai_ray.testing.compiled_core import prune, publish
+from kai_ray.testing.build_cache import prune, publish
 
 REPO = Path(kai_ray.__file__).resolve().parent.parent
 OPERATOR = REPO / "operator"
@@ -51,10 +51,9 @@ BUSYBOX = Path("/bin/busybox")  # from busybox-static
 # NVML bindings kai_ray.reservation and kai_ray.ray use.
 RAY_VERSION = "2.60.0"
 NVML_VERSION = "13.615.71"
-# The toolchains of the kai-ray image's wheel, built on the host: the build refuses others, so
+# The toolchain of the kai-ray image's wheel, built on the host: the build refuses others, so
 # the image's compiled code does not change with whatever the host has.
 RUST_VERSION = "1.95.0"
-MYPY_VERSION = "2.4.1"
 DEBIAN_SUITE = "bookworm"
 # The suite alone, without -updates and -security: it changes only at point releases, so the
 # point release (12.x) the host's package lists name pins the rootfs (checked after the build).
@@ -273,7 +272,7 @@ def _kai_ray_wheel(dest: Path, parts: tuple[str, ...], log: Log) -> None:
         # changing the images
         (src / "README.md").write_text("kai-ray\n")
         env = {k: v for k, v in os.environ.items()
-               if k not in ("KAI_RAY_COMPILE", "KAI_RAY_NATIVE")}
+               if k != "KAI_RAY_NATIVE"}
         _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
               "-w", str(dest), str(src)], "pip wheel kai_ray", log, env=env)
 
@@ -415,16 +414,15 @@ def _operator_sources() -> list[Path]:
 def _operator_inputs() -> list[tuple[str, bytes]]:
     return [_file(OPERATOR / "Dockerfile"), _file(OPERATOR / "entrypoint.sh"),
             ("requirements", "\n".join([*_wheel_target(), *_operator_requirements()]).encode()),
-            ("toolchains", f"rust {RUST_VERSION} mypy {MYPY_VERSION}".encode()),
+            ("toolchains", f"rust {RUST_VERSION}".encode()),
             ("gcc", _version("gcc", "--version")),
             *(_file(p) for p in _operator_sources())]
 
 
 def _operator_wheel(dest: Path, log: Log) -> None:
-    """kai-ray's wheel with the core compiled by mypyc and the Rust core, from a copy of the
-    sources; cargo's target directory is cached so a rebuild compiles only what changed."""
+    """kai-ray's wheel with the Rust core, from a copy of the sources; cargo's target directory
+    is cached so a rebuild compiles only what changed."""
     _toolchain(["rustc", "--version"], RUST_VERSION, "Rust")
-    _toolchain([sys.executable, "-m", "mypy", "--version"], MYPY_VERSION, "mypy")
     with tempfile.TemporaryDirectory(prefix="kai-ray-src-") as tmp:
         src = Path(tmp)
         for path in _operator_sources():
@@ -433,11 +431,10 @@ def _operator_wheel(dest: Path, log: Log) -> None:
             shutil.copy2(path, target)
         (src / "README.md").write_text("kai-ray\n")
         target_dir = cache_root() / "cargo-target"
-        env = {**os.environ, "KAI_RAY_COMPILE": "1", "KAI_RAY_NATIVE": "1",
-               "CARGO_TARGET_DIR": str(target_dir)}
-        log("   pip wheel kai-ray (mypyc + Rust core; 1-2 min)")
+        env = {**os.environ, "KAI_RAY_NATIVE": "1", "CARGO_TARGET_DIR": str(target_dir)}
+        log("   pip wheel kai-ray (with the Rust core; about a minute)")
         _run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-              "-w", str(dest), str(src)], "pip wheel kai-ray (compiled)", log, env=env)
+              "-w", str(dest), str(src)], "pip wheel kai-ray (with the Rust core)", log, env=env)
 
 
 def _make_operator(work: Path, ref: str, log: Log) -> None:

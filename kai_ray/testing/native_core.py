@@ -27,7 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 import kai_ray
-from kai_ray.testing.compiled_core import env, prune, publish
+from kai_ray.testing.build_cache import env, prune, publish
 
 __all__ = ["build", "env", "source_hash", "use", "without"]
 

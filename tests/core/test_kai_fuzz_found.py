@@ -24,9 +24,7 @@ from kai_ray.testing import kai_fuzz, native_core
 GIB = 1 << 30
 
 
-# the Rust core builds from the checkout's native/ (the compiled copy of test_compiled_core has
-# none: it runs these on its compiled Python core)
-CORES = ["python"] + (["native"] if (native_core.NATIVE / "Cargo.toml").is_file() else [])
+CORES = ["python", "native"]  # the Rust core built from the checkout's native/ if it is not
 
 
 @pytest.fixture(scope="module", params=CORES)

@@ -34,24 +34,16 @@ OPEN = ResourceQuota(-1, -1, 1)
 NODES = (Node("n1", 64000, 10**12, gpus=8), Node("n2", 64000, 10**12, gpus=8))
 
 
-# test_compiled_core runs this file on the mypyc-compiled core's copy of kai_ray, which has no
-# Rust sources: the Python core alone there
-NATIVE_HERE = (native_core.NATIVE / "Cargo.toml").is_file()
-
-
 @pytest.fixture(scope="module", autouse=True)
 def native() -> None:
-    if NATIVE_HERE:
-        native_core.use(native_core.build())
-        assert core_schedule.native_core(refresh=True) is not None
+    native_core.use(native_core.build())
+    assert core_schedule.native_core(refresh=True) is not None
 
 
 def both(snapshot: Snapshot, config: SchedulerConfig, now: float) -> CycleResult:
     """The Python core's result, after checking the native core's is the same field for field
     (as test_native_core does)."""
     python = schedule(snapshot, config, now, core="python")
-    if not NATIVE_HERE:
-        return python
     native = schedule(snapshot, config, now, core="native")
     for f in dataclasses.fields(CycleResult):
         if f.name != "action_seconds":
