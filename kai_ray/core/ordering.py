@@ -12,10 +12,13 @@ from collections.abc import Iterable
 from heapq import heapify, heappop, heappush
 from typing import Generic, Protocol, TypeVar
 
+from kai_ray.core.scratch import Key
 from kai_ray.core.state import JobState, QueueState, Session, Task, leq
 
 _ZERO_SHARE_MULT = 1000.0
 E = TypeVar("E", bound="Entry")
+# the session's pending order, in step with the undo log (`PendingOrder.of`)
+PENDING_ORDER: Key[PendingOrder] = Key("pending order")
 
 
 def job_request(sess: Session, job: JobState, simulation: bool = False
@@ -338,10 +341,10 @@ class PendingOrder:
     @staticmethod
     def of(sess: Session) -> PendingOrder:
         """The session's, in step with its current state."""
-        known: PendingOrder | None = sess.memo.get("pending_order")
+        known = sess.scratch.get(PENDING_ORDER)
         now = len(sess.undo)
         if known is None or known.version > now:
-            known = sess.memo["pending_order"] = PendingOrder(sess)
+            known = sess.scratch.put(PENDING_ORDER, PendingOrder(sess))
         elif known.version < now:
             touched = {id(e[1].job): e[1].job for e in sess.undo[known.version:]
                        if isinstance(e[1], Task)}

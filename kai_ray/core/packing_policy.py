@@ -15,6 +15,7 @@ import numpy as np
 import numpy.typing as npt
 
 from kai_ray.core import packing
+from kai_ray.core.scratch import Key
 from kai_ray.core.state import MILLI, Session, Task
 
 BoolArray = npt.NDArray[np.bool_]
@@ -22,6 +23,8 @@ MIB = 1024 * 1024
 
 
 PRODUCT_LABEL = "nvidia.com/gpu.product"
+# the session's typical GPU shapes (None: no GPU pods), computed once
+TYPICAL_SHAPES: Key[packing.ShapeSet | None] = Key("typical shapes")
 
 
 def _model_ids(sess: Session) -> tuple[npt.NDArray[np.int64], dict[str, int]]:
@@ -54,9 +57,8 @@ def node_state(sess: Session) -> packing.NodeState:
 
 def typical(sess: Session) -> packing.ShapeSet | None:
     """Typical shapes of the session's GPU pods (pending and placed), computed once."""
-    cached: packing.ShapeSet | None = sess.memo.get("typical_shapes")
-    if cached is not None or "typical_shapes" in sess.memo:
-        return cached
+    if TYPICAL_SHAPES in sess.scratch:  # None kept too: no GPU pods
+        return sess.scratch.get(TYPICAL_SHAPES)
     model_of, names = _model_ids(sess)
     # a pod pinned to GPU models (node selector or required node affinity on the product
     # label) may only use those models' nodes, as the trace's gpu_spec; one pinned to models
@@ -84,8 +86,7 @@ def typical(sess: Session) -> packing.ShapeSet | None:
                 allowed[row] = False
                 allowed[row, sorted(ids)] = True
         shapes = packing.typical_shapes(cpu, num, milli, allowed)
-    sess.memo["typical_shapes"] = shapes
-    return shapes
+    return sess.scratch.put(TYPICAL_SHAPES, shapes)
 
 
 def _pinned_products(task: Task) -> set[str] | None:

@@ -21,6 +21,7 @@ import numpy.typing as npt
 from kai_ray.core import packing_policy
 from kai_ray.core.constraints import affinity_matches, untolerated
 from kai_ray.core.model import Request
+from kai_ray.core.scratch import Key
 from kai_ray.core.state import MILLI, Group, Session, Task
 
 BoolArray = npt.NDArray[np.bool_]
@@ -33,6 +34,10 @@ R_MEM = "didn't have enough resources: memory"
 R_PODS = "pod number exceeded"
 R_UNSCHED = "were unschedulable"
 R_SELECTOR = "didn't match Pod's node affinity/selector"
+# per node selector and affinity, per tolerations: which nodes (fixed for a session)
+SELECTOR_MASKS: Key[dict[object, BoolArray]] = Key("selector masks")
+TAINT_MASKS: Key[dict[object, tuple[BoolArray | None, list[tuple[BoolArray, str]]]]] = Key(
+    "taint masks")
 
 
 class Choice:
@@ -50,7 +55,7 @@ def _selector_mask(sess: Session, task: Task) -> BoolArray | None:
     if not task.node_selector and task.node_affinity is None:
         return None
     key = (task.node_selector, task.node_affinity)
-    cache: dict[object, BoolArray] = sess.memo.setdefault("selector_masks", {})
+    cache = sess.scratch.setdefault(SELECTOR_MASKS, dict)
     mask = cache.get(key)
     if mask is None:
         names = [n.name for n in sess.nodes]
@@ -68,8 +73,7 @@ def _taint_masks(sess: Session, task: Task) -> tuple[BoolArray | None, list[tupl
     the nodes it does not keep the task off, with Kubernetes' wording."""
     if not sess.any_taints:
         return None, []
-    cache: dict[object, tuple[BoolArray | None, list[tuple[BoolArray, str]]]] = (
-        sess.memo.setdefault("taint_masks", {}))
+    cache = sess.scratch.setdefault(TAINT_MASKS, dict)
     known = cache.get(task.tolerations)
     if known is None:
         first = [untolerated(taints, task.tolerations) for taints in sess.node_taints]

@@ -30,6 +30,7 @@ from kai_ray.core.model import (
 )
 from kai_ray.core.queuetree import excluded_queues
 from kai_ray.core.result import GPU
+from kai_ray.core.scratch import Scratch
 
 IntArray = npt.NDArray[np.int64]
 FloatArray = npt.NDArray[np.float64]
@@ -527,9 +528,8 @@ class Session:
         # the only nodes placement may use while set, in node order (a victim scenario's)
         self.node_filter: list[int] | None = None
         self.evict_info: dict[int, EvictInfo] = {}
-        # what other modules derive from the fixed parts of the snapshot once per session
-        # (node masks per selector or toleration, typical shapes), by their own keys
-        self.memo: dict[str, Any] = {}
+        # what other modules derive once per session, under their own typed keys
+        self.scratch = Scratch()
 
         self.jobs: dict[str, JobState] = {}
         self.tasks: list[Task] = []

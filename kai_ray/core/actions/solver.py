@@ -37,6 +37,7 @@ from kai_ray.core.actions.victim_stream import VictimStream
 from kai_ray.core.actions.victims import VictimUnit, unit_of, victim_units
 from kai_ray.core.model import ACTIVE_ALLOCATED, PodStatus
 from kai_ray.core.ordering import JobQueue, PendingOrder, scenario_queue
+from kai_ray.core.scratch import Key
 from kai_ray.core.state import EvictInfo, JobState, Session, Task
 
 # (evicted, moved) -> whether the action accepts the scenario. A rejection takes no queue's jobs
@@ -56,6 +57,8 @@ class Solution:
 # gpu-memory requests), CPU, memory
 _Request = tuple[int, float, int, int]
 _MIN_PORTION_DIFF = 0.01  # KAI's minGPUs: portions closer than this compare equal
+# each job's victim unit as of its last change (`JobState.changes`), kept for the session
+VICTIM_UNITS: Key[dict[str, tuple[int, VictimUnit | None]]] = Key("victim units")
 
 
 def _request(task: Task) -> _Request:
@@ -290,8 +293,7 @@ class VictimCache:
         if scope not in self.scopes:
             # each job's unit as of its last change, kept for the session (`changes` only
             # grows, rollbacks included: a unit is never reused for another state of its job)
-            known: dict[str, tuple[int, VictimUnit | None]] = sess.memo.setdefault(
-                "victim_units", {})
+            known = sess.scratch.setdefault(VICTIM_UNITS, dict)
             self.scopes[scope] = _ScopeVictims(sess, candidates(), known)
         victims = self.scopes[scope]
         if scope not in self.all_freed:
