@@ -260,15 +260,6 @@ def _joinable(used: int, releasing: int, cost: int) -> bool:
     return releasing < used and MILLI - used + releasing - cost >= 0
 
 
-def sticky_allowed(sess: Session, task: Task) -> bool:
-    """Whether the binpack fast path applies: the node that won for an identical task stays
-    the best while it still fits on idle resources (its free amount only shrank)."""
-    cfg = sess.config.placement
-    if task.req.wants_gpu and sess.config.gpu_packing != "kai":
-        return False  # a packing policy scores more than free amounts
-    return (cfg.gpu if task.req.wants_gpu else cfg.cpu) != "spread"
-
-
 def scores(sess: Session, task: Task, fits: BoolArray, fits_idle: BoolArray,
            within: BoolArray | None = None) -> npt.NDArray[np.float64]:
     """KAI's node order scores; binpack normalises free amounts over the nodes `within`

@@ -10,7 +10,6 @@ import math
 from bisect import bisect_left, insort
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -523,8 +522,6 @@ class Session:
         self.at = NodeScalars(self)
         self.undo: list[tuple[object, ...]] = []
         self.job_errors: dict[str, JobError] = {}
-        # the last placement and the undo length right after it (binpack fast path, common.py)
-        self.sticky: tuple[Any, int] | None = None
         # the only nodes placement may use while set, in node order (a victim scenario's)
         self.node_filter: list[int] | None = None
         self.evict_info: dict[int, EvictInfo] = {}
@@ -1117,10 +1114,6 @@ class Session:
         task.job.changes += 1
 
     def rollback(self, checkpoint: int) -> None:
-        if self.sticky is not None and self.sticky[1] > checkpoint:
-            # what came after that placement is undone: the same undo length later on would
-            # not mean "nothing changed since"
-            self.sticky = None
         while len(self.undo) > checkpoint:
             op, task, prev = self.undo.pop()
             assert isinstance(task, Task)

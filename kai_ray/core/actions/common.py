@@ -46,37 +46,17 @@ def place_tasks(sess: Session, job: JobState, tasks: list[Task], pipeline_only: 
         return False
     checkpoint = sess.checkpoint()
     placed: list[Task] = []
-    # previous task, its node, whether it scored for fitting on idle resources
-    # (placement.shown_idle), its node's sharing bonus; it
-    # carries over from the previous job when nothing else changed since (same undo length)
-    last: tuple[Task, int, bool, bool] | None = None
-    if sess.sticky is not None and sess.sticky[1] == len(sess.undo):
-        last = sess.sticky[0]
     for task in tasks:
-        choice = None
-        if (last is not None and sess.shape_of(last[0]) == sess.shape_of(task)
-                and placement.sticky_allowed(sess, task)):
-            node = last[1]
-            fits, idle = placement.fits_node(sess, task, node)
-            if (fits and placement.shown_idle(sess, task, node, idle) == last[2]
-                    and placement.sharing_bonus_on(sess, task, node) >= last[3]):
-                choice = placement.place_on(sess, task, node, idle)
+        choice, reasons = placement.choose(sess, task, explain=record)
         if choice is None:
-            choice, reasons = placement.choose(sess, task, explain=record)
-            if choice is None:
-                sess.rollback(checkpoint)
-                if record:
-                    record_error(sess, job, "Unschedulable",
-                                 gang_message(job, len(placed), len(tasks), task, reasons),
-                                 reasons)
-                return False
-        last = (task, choice.node,
-                placement.shown_idle(sess, task, choice.node, choice.on_idle),
-                placement.sharing_bonus_on(sess, task, choice.node))
+            sess.rollback(checkpoint)
+            if record:
+                record_error(sess, job, "Unschedulable",
+                             gang_message(job, len(placed), len(tasks), task, reasons), reasons)
+            return False
         pipelined = pipeline_only or not choice.on_idle
         sess.allocate(task, choice.node, choice.groups, pipelined=pipelined)
         placed.append(task.moved or task)
-        sess.sticky = (last, len(sess.undo))
     if not pipeline_only:
         _pipeline_whole_gang_if_needed(sess, job, placed)
     return True

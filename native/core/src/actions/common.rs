@@ -68,7 +68,9 @@ pub fn place_tasks(
     let checkpoint = sess.checkpoint();
     let mut placed: Vec<usize> = Vec::with_capacity(tasks.len());
     // the previous placement carries over from the previous job when nothing else changed
-    // since (same undo length)
+    // since (same undo length). A fast path the Python specification does not take (it
+    // chooses over all nodes each time): docs/native-core.md, "Speed paths only in the Rust
+    // core"
     let mut last: Option<Sticky> = match sess.sticky {
         Some((sticky, at)) if at == sess.undo.len() => Some(sticky),
         _ => None,
