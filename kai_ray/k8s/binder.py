@@ -684,6 +684,12 @@ class Binder:
     def _not_scheduled(self, pod: Obj, reason: str, message: str) -> None:
         not_scheduled(self.api, pod, reason, message)
 
+    def _post_eviction(self, pod: Obj, timeout: tuple[float, float] | None) -> None:
+        # a plain request: CoreV1Api's first use imports every core model, which held the
+        # loop for over a second when the first eviction of a process was its first user
+        m = pod["metadata"]
+        rawapi.evict(self.api, m["namespace"], m["name"], timeout)
+
     # ------------------------------------------------------------------ GPU sharing
     def _ensure_reservation_access(self) -> None:
         """The reservation namespace, and the ServiceAccount its pods report with (allowed to
@@ -973,13 +979,8 @@ class Binder:
 
     def _evict(self, pod: Obj, message: str, action: str) -> str:
         """"evicted", "gone" (404) or "not now" (refused, fenced, a fault: decided again)."""
-        m = pod["metadata"]
-        body = client.V1Eviction(metadata=client.V1ObjectMeta(name=m["name"],
-                                                              namespace=m["namespace"]))
         try:
-            timeout = self.write_timeout()
-            self.core.create_namespaced_pod_eviction(m["name"], m["namespace"], body,
-                                                     _request_timeout=timeout)
+            self._post_eviction(pod, self.write_timeout())
         except Fenced:
             return "not now"  # whoever leads next decides again
         except ApiException as e:

@@ -81,6 +81,14 @@ def patch_pod_status(api: client.ApiClient, namespace: str, name: str, patch: Ob
             STRATEGIC_MERGE_PATCH)
 
 
+def evict(api: client.ApiClient, namespace: str, name: str, timeout: Timeout = None) -> None:
+    """The eviction API (policy/v1): the API server checks the pod's disruption budgets, 429
+    while one forbids it."""
+    request(api, "POST", f"/api/v1/namespaces/{namespace}/pods/{name}/eviction",
+            {"apiVersion": "policy/v1", "kind": "Eviction",
+             "metadata": {"name": name, "namespace": namespace}}, timeout=timeout)
+
+
 def patch_custom(api: client.ApiClient, resource: CustomResource, namespace: str, name: str,
                  patch: Obj, subresource: str = "") -> None:
     path = resource.path(namespace, name)

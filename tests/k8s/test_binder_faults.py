@@ -67,6 +67,10 @@ class _Binder(Binder):
     def _not_scheduled(self, pod: dict, reason: str, message: str) -> None:
         self.conditions.append((pod["metadata"]["name"], reason, message))
 
+    def _post_eviction(self, pod: dict, timeout: Any) -> None:
+        m = pod["metadata"]  # to the fake API below (`core`), which the tests replace
+        self.core.create_namespaced_pod_eviction(m["name"], m["namespace"], None)
+
     def _bind(self, pod: dict, node: str, annotations: object = None) -> None:
         name = pod["metadata"]["name"]
         self.tries.append(name)
