@@ -40,7 +40,6 @@ from kai_ray.grouping.podgroup import Grouping, group_pod, should_group
 from kai_ray.grouping.update import podgroup_update
 from kai_ray.k8s import rawapi
 from kai_ray.k8s.cache import ClusterCache
-from kai_ray.k8s.client import LazyCoreV1Api
 from kai_ray.k8s.events import EventRecorder
 from kai_ray.k8s.provisional import BOUND, WAITING, WRITE, ProvisionalGroups, written_form
 
@@ -126,7 +125,6 @@ class PodGrouper:
         self.cache = cache
         self.events = events
         self.config = config or GroupingConfig()
-        self.core = LazyCoreV1Api(api)  # its import is slow: made on first use
         self.custom = client.CustomObjectsApi(api)
         self._dynamic: dynamic.DynamicClient | None = None
         self._namespaces: dict[str, tuple[float, Mapping[str, str]]] = {}

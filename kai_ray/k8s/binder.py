@@ -685,8 +685,8 @@ class Binder:
         not_scheduled(self.api, pod, reason, message)
 
     def _post_eviction(self, pod: Obj, timeout: tuple[float, float] | None) -> None:
-        # a plain request: CoreV1Api's first use imports every core model, which held the
-        # loop for over a second when the first eviction of a process was its first user
+        # a plain request: CoreV1Api's first use imports every core model (over a second
+        # here when a waiting gang's condition was its first user; docs/reliability.md)
         m = pod["metadata"]
         rawapi.evict(self.api, m["namespace"], m["name"], timeout)
 

@@ -33,8 +33,9 @@ def api_client(kubeconfig: str | None = None, pool_size: int = 64, qps: float = 
 class LazyCoreV1Api:
     """`client.CoreV1Api(api)`, made on first use. Importing the generated class takes 0.4 s
     (it loads every core model), which a starting scheduler would otherwise spend before its
-    first bind: the lists, the binds and the hot writes go through `kai_ray.k8s.rawapi`, and
-    this class is needed only by the rarer writes (reservation pods, conditions, evictions)."""
+    first bind: the lists, binds, events, conditions and evictions go through
+    `kai_ray.k8s.rawapi`, and this class is needed only by the rarer writes (a GPU-sharing bind's
+    reservation pod and configmap, its namespace and service account)."""
 
     def __init__(self, api: client.ApiClient) -> None:
         self._api = api
