@@ -17,15 +17,9 @@ whether every field of the two results is equal (the comparison of tests/core/te
 per node, 42 pending pods, shaped like KAI-Scheduler#315) instead of the issue's workload.
 
 Prints the median wall time of `schedule()` per size (and its median CPU time, which other load
-on the machine disturbs less), and per action. `--count-calls` also counts, per action, the
-victim searches (`Solver.solve`), their prefixes and simulated scenarios, plus the victim-stream
-entries popped (`more`), read one by one after a prefix's quiet batch (`read_one_by_one`) and
-streams carried over (`renew`), and the node choices (`choose`,
-of which `choose_among` among a few nodes with room; `binpack_whole` and `binpack_fraction`
-count the binpack walks tried for whole-GPU and fractional pods, some of which leave the choice
-to the array pass; `fraction_few` / `fraction_many`: fractional pods whose candidates the
-session's buckets give, or the array pass finds) of one cycle: where the time goes,
-independent of machine load.
+on the machine disturbs less), and per action. `--count-calls` (Python core only) also counts,
+per action, the victim searches (`Solver.solve`), their prefixes and simulated scenarios, and
+the node choices (`choose`) of one cycle: where the time goes, independent of machine load.
 `--native` runs the Rust core (native/, built once per version of its sources with cargo;
 kai_ray/testing/native_core.py), timed the same way: `schedule()` from the Python snapshot to the
 Python CycleResult, as the scheduler runs it. The first line of output says which core ran.
@@ -42,7 +36,7 @@ import sys
 import time
 
 from kai_ray.core import packing, placement
-from kai_ray.core.actions import solver, victim_stream
+from kai_ray.core.actions import solver
 from kai_ray.core.model import SchedulerConfig
 from kai_ray.core.result import CycleResult
 from kai_ray.core.schedule import Core, schedule
@@ -119,7 +113,8 @@ def _differing(a: CycleResult, b: CycleResult) -> list[str]:
 
 
 def _count(counts: collections.Counter[str]) -> None:
-    """Wrap the solver's steps and the node choice to count their calls (slows the cycle)."""
+    """Wrap the Python core's solver steps and node choices to count their calls (slows the
+    cycle)."""
     def counted(owner: object, name: str, per_action: bool) -> None:
         inner = getattr(owner, name)
 
@@ -132,31 +127,7 @@ def _count(counts: collections.Counter[str]) -> None:
 
     for name in ("solve", "_solve_prefix", "_try"):
         counted(solver.Solver, name, True)
-    # victim-stream entries popped and streams carried over to a new state
-    counted(victim_stream.VictimStream, "_more", False)
-    counted(victim_stream.VictimStream, "renew", False)
-    # entries a prefix reads one by one (after its quiet batch), each tested and maybe simulated
-    read = victim_stream.VictimStream.read
-
-    @functools.wraps(read)
-    def reading(*args: object, **kwargs: object) -> object:
-        for taken, quiet in read(*args, **kwargs):  # type: ignore[arg-type]
-            counts["read_one_by_one"] += not quiet
-            yield taken, quiet
-    victim_stream.VictimStream.read = reading  # type: ignore[method-assign,assignment]
-    # node choices: all, among the few nodes with room, by the binpack walk
-    for name in ("choose", "_choose_among", "_binpack_whole", "_binpack_fraction"):
-        counted(placement, name, False)
-    # fractional pods whose candidates the session's buckets give (at most _FEW) or not
-    few = placement._few_fraction_candidates
-
-    @functools.wraps(few)
-    def bucketed(*args: object, **kwargs: object) -> object:
-        nodes = few(*args, **kwargs)  # type: ignore[arg-type]
-        counts["fraction_few" if nodes is not None else "fraction_many"] += 1
-        return nodes
-    placement._few_fraction_candidates = bucketed  # type: ignore[assignment]
-
+    counted(placement, "choose", False)
 
 if __name__ == "__main__":
     sys.exit(main())

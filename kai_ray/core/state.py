@@ -7,7 +7,6 @@ gang that does not fit is rolled back to a checkpoint without a trace (KAI's Sta
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, insort
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -377,14 +376,6 @@ def _add3(amounts: list[float], cpu: float, memory: float, gpu: float) -> None:
         amounts[2] = amounts[2] + gpu
 
 
-def _recount(counts: dict[int, int], old: int, new: int) -> None:
-    """Move one count from value `old` to value `new` (no zero counts are kept)."""
-    counts[old] = counts[old] - 1  # (`-=` on an item is a generic Python op when compiled)
-    if not counts[old]:
-        del counts[old]
-    counts[new] = counts.get(new, 0) + 1
-
-
 def leq(a: Sequence[float], b: Sequence[float]) -> bool:
     """KAI's LessEqual over resources, where -1 is infinite."""
     if len(a) != len(b):
@@ -424,11 +415,6 @@ class NodeScalars:
         self.used_pods = [0] * count
         self.used_gpu = [0] * count
         self.rel_gpu = [0] * count
-        # the GPU room index (see `Session._index_gpu_room`)
-        self.gpu_free_at = [-1] * count
-        self.dev_room_at = [-1] * count
-        self.idle_at = [0] * count  # idle whole GPUs (cap_gpu - used_gpu), with the index
-        self.counted = [False] * count
         # each node's shared devices as the device arrays hold them (slot order), used and
         # releasing milli: only the slots that change are written to the arrays
         self.dev_used: list[list[int]] = [[] for _ in range(count)]
@@ -439,8 +425,8 @@ class _Views:
     """Memoryviews of the per-node arrays written one node at a time: a memoryview's item
     write is about half the work of an ndarray's. The arrays are only ever written in place."""
 
-    __slots__ = ("dev_room_at", "gpu_free_at", "rel_cpu", "rel_gpu", "rel_mem", "used_cpu",
-                 "used_gpu", "used_mem", "used_pods")
+    __slots__ = ("rel_cpu", "rel_gpu", "rel_mem", "used_cpu", "used_gpu", "used_mem",
+                 "used_pods")
 
     def __init__(self, sess: Session) -> None:
         self.used_cpu = sess.used_cpu.data
@@ -450,8 +436,6 @@ class _Views:
         self.used_pods = sess.used_pods.data
         self.used_gpu = sess.used_gpu.data
         self.rel_gpu = sess.rel_gpu.data
-        self.gpu_free_at = sess.gpu_free_at.data
-        self.dev_room_at = sess.dev_room_at.data
 
 
 class _Load:
@@ -514,10 +498,6 @@ class Session:
         self.dev_used = np.zeros((count, width), dtype=np.int64)
         self.dev_rel = np.zeros((count, width), dtype=np.int64)
         self.dev_on = np.zeros((count, width), dtype=bool)
-        self.indexed = False  # the GPU room index exists (built after the snapshot's usage)
-        # the GPU room index's arrays, filled by `_index_gpu_room`
-        self.gpu_free_at = np.full(count, -1, dtype=np.int64)
-        self.dev_room_at = np.full(count, -1, dtype=np.int64)
         self.views = _Views(self)
         self.at = NodeScalars(self)
         self.undo: list[tuple[object, ...]] = []
@@ -701,7 +681,6 @@ class Session:
             self._mark_releasing(task, +1)
         for task in load.pipelined:
             self._pipeline_charge(task, +1)
-        self._index_gpu_room()
         self.total = [float(self.cap_cpu[self.schedulable].sum()),
                       float(self.cap_mem[self.schedulable].sum()),
                       float(self.cap_gpu[self.schedulable].sum())]
@@ -742,91 +721,6 @@ class Session:
         return (float(req.cpu_m), float(req.memory), gpu)
 
     # ------------------------------------------------------------------ node bookkeeping
-    def _index_gpu_room(self) -> None:
-        """Per node, kept up to date by `_refresh_gpu` so that placement can find the few
-        nodes a GPU task could fit on without a pass over every node: whole GPUs free (idle
-        or releasing; -1 on a node that is not schedulable), the most room a live shared
-        device has (-1: none), and how many schedulable GPU nodes have each free amount
-        (binpack scores normalise over them)."""
-        gpu_nodes = self.schedulable & (self.cap_gpu > 0)
-        self.gpu_free_at[:] = np.where(self.schedulable, self.free_gpu(), -1)
-        live = self.dev_on & (self.dev_rel < self.dev_used)
-        room = np.where(live, MILLI - self.dev_used + self.dev_rel, -1)
-        self.dev_room_at[:] = np.where(self.schedulable, room.max(axis=1), -1)
-        self.free_counts: dict[int, int] = {}
-        # the same nodes by free GPUs (1 or more: the full ones, most nodes of a busy cluster,
-        # are never candidates), each list in node order: a whole-GPU pod's candidates
-        # in binpack order without a pass over every node (placement._whole_candidates); and
-        # how many have each number of idle GPUs (is any left that fits on idle?)
-        self.by_free: dict[int, list[int]] = {}
-        self.idle_counts: dict[int, int] = {}
-        idle = self.cap_gpu - self.used_gpu
-        for node in np.flatnonzero(gpu_nodes).tolist():
-            value = int(self.gpu_free_at[node])
-            self.free_counts[value] = self.free_counts.get(value, 0) + 1
-            if value > 0:
-                self.by_free.setdefault(value, []).append(node)
-            self.idle_counts[int(idle[node])] = self.idle_counts.get(int(idle[node]), 0) + 1
-        self.at.idle_at = idle.tolist()
-        self.at.gpu_free_at = self.gpu_free_at.tolist()
-        self.at.dev_room_at = self.dev_room_at.tolist()
-        # schedulable nodes by the most room on a live shared device (1 milli or more): with
-        # `by_free`, a fractional pod's candidates without a pass over every node
-        self.by_room: dict[int, set[int]] = {}
-        for node, most in enumerate(self.at.dev_room_at):
-            if most > 0:
-                self.by_room.setdefault(most, set()).add(node)
-        self.at.counted = gpu_nodes.tolist()
-        self.indexed = True
-
-    def _reindex_gpu_room(self, node: int, devices: bool = True) -> None:
-        at = self.at
-        if not at.schedulable[node]:
-            return
-        idle = at.cap_gpu[node] - at.used_gpu[node]
-        free = idle + at.rel_gpu[node]
-        old = at.gpu_free_at[node]
-        if free != old:
-            if at.counted[node]:
-                _recount(self.free_counts, old, free)
-                if old > 0:
-                    bucket = self.by_free[old]
-                    del bucket[bisect_left(bucket, node)]
-                    if not bucket:
-                        del self.by_free[old]
-                if free > 0:
-                    joined = self.by_free.get(free)
-                    if joined is None:
-                        self.by_free[free] = [node]
-                    else:
-                        insort(joined, node)
-            at.gpu_free_at[node] = free
-            self.views.gpu_free_at[node] = free
-        if idle != at.idle_at[node]:
-            if at.counted[node]:
-                _recount(self.idle_counts, at.idle_at[node], idle)
-            at.idle_at[node] = idle
-        if not devices:
-            return
-        # the most room on a live device (not entirely releasing); a loop (builtin max over a
-        # generator is a Python-level call each)
-        room = -1
-        for g in self.groups[node].values():
-            free = MILLI - g.used + g.releasing
-            if g.releasing < g.used and free > room:
-                room = free
-        old_room = at.dev_room_at[node]
-        if room != old_room:
-            if old_room > 0:
-                nodes = self.by_room[old_room]
-                nodes.discard(node)
-                if not nodes:
-                    del self.by_room[old_room]
-            if room > 0:
-                self.by_room.setdefault(room, set()).add(node)
-            at.dev_room_at[node] = room
-            self.views.dev_room_at[node] = room
-
     def _refresh_gpu(self, node: int, devices: bool = True) -> None:
         """Recount the node's GPUs and mirror its shared devices into the device arrays
         (`devices` false: they did not change, a whole-GPU pod came or went)."""
@@ -853,8 +747,6 @@ class Session:
             at.rel_gpu[node] = rel
             self.views.rel_gpu[node] = rel
         if not devices:
-            if self.indexed:
-                self._reindex_gpu_room(node, devices=False)
             return
         used_row = [g.used for g in groups.values()]
         rel_row = [g.releasing for g in groups.values()]
@@ -881,8 +773,6 @@ class Session:
                     self.dev_rel[node, slot] = rel_row[slot]
         at.dev_used[node] = used_row
         at.dev_rel[node] = rel_row
-        if self.indexed:
-            self._reindex_gpu_room(node)
 
     def _grow_devices(self, width: int) -> None:
         pad = width - self.dev_used.shape[1]

@@ -6,7 +6,7 @@ from __future__ import annotations
 from kai_ray.core.actions.allocate import schedulable_jobs
 from kai_ray.core.actions.common import job_label
 from kai_ray.core.actions.runtime import protected
-from kai_ray.core.actions.solver import FailedJobs, Solver, VictimCache
+from kai_ray.core.actions.solver import FailedJobs, Solver
 from kai_ray.core.capacity import check_non_preemptible, job_level_request
 from kai_ray.core.ordering import JobQueue
 from kai_ray.core.state import JobState, Session, Task
@@ -19,7 +19,6 @@ def _message(task: Task, preemptor: JobState) -> str:
 
 def run(sess: Session) -> None:
     failed = FailedJobs()
-    cache = VictimCache()
     queue = JobQueue(sess, schedulable_jobs(sess))
     in_queue: dict[str, list[JobState]] = {}  # victims come from the preemptor's queue only
     for v in sess.jobs.values():
@@ -41,8 +40,7 @@ def run(sess: Session) -> None:
                     if v is not job and v.preemptible
                     and v.priority < job.priority and not protected(sess, v, "preempt")]
 
-        solver = Solver(sess, "preempt", candidates, lambda evicted, moved: True, _message,
-                        cache, (job.queue, job.priority))
+        solver = Solver(sess, "preempt", candidates, lambda evicted, moved: True, _message)
         if not solver.solve(job):
             failed.record(job, job.queue)
         # a job that got room is not tried again this action (KAI: only allocate pushes a job

@@ -8,7 +8,7 @@ import math
 from kai_ray.core.actions.allocate import schedulable_jobs
 from kai_ray.core.actions.common import job_label
 from kai_ray.core.actions.runtime import protected
-from kai_ray.core.actions.solver import FailedJobs, Solver, VictimCache
+from kai_ray.core.actions.solver import FailedJobs, Solver
 from kai_ray.core.ordering import JobQueue, job_request
 from kai_ray.core.state import JobState, QueueState, Session, Task, leq
 
@@ -148,7 +148,6 @@ def _message(sess: Session, task: Task, reclaimer: JobState) -> str:
 
 def run(sess: Session) -> None:
     failed = FailedJobs()
-    cache = VictimCache()
     queue = JobQueue(sess, schedulable_jobs(sess))
     while (job := queue.pop()) is not None:
         if failed.should_skip(job, job.queue):
@@ -173,7 +172,7 @@ def run(sess: Session) -> None:
             return reclaimable(sess, copy, job, req, counted)
 
         solver = Solver(sess, "reclaim", candidates, validate,
-                        lambda task, preemptor: _message(sess, task, preemptor), cache, job.queue)
+                        lambda task, preemptor: _message(sess, task, preemptor))
         if not solver.solve(job):
             failed.record(job, job.queue)
         # a job that got room is not tried again this action (KAI: only allocate pushes a job

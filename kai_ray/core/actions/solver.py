@@ -16,10 +16,11 @@ pod its scenario evicted or moved, the whole take: a pod of it put back where it
 again by the next prefix's scenarios. KAI records victim jobs so: the clones made per
 BaseScenario.AddPotentialVictimsTasks call (by_pod_solver.go getVictimJobsFromVictimTasks).
 
-The same decisions, faster: the victim order is popped once per session state and shared by
-every prefix (victim_stream.py), a prefix skips the victims that cannot yet make room for it
-without testing them one by one, and the idle-GPU filter is incremental (gpu_room.py).
-tests/core/test_fast_paths.py checks each shortcut against the plain path.
+This is the specification: every job's search pops its candidates' victim order afresh, and
+every scenario passes KAI's idle-GPU filter (gpu_room.py) before it is simulated. The Rust core
+takes the same decisions faster (the victim order popped once per session state and shared by
+every prefix, victims that cannot yet make room skipped in batches, candidates kept per scope
+across jobs); tests/core/test_native_core.py compares the two.
 """
 
 from __future__ import annotations
@@ -32,12 +33,10 @@ import numpy as np
 import numpy.typing as npt
 
 from kai_ray.core.actions.common import place_tasks
-from kai_ray.core.actions.gpu_room import AllFreed, Freed, FreeGpus, GpuRoom
-from kai_ray.core.actions.victim_stream import VictimStream
-from kai_ray.core.actions.victims import VictimUnit, unit_of, victim_units
+from kai_ray.core.actions.gpu_room import GpuRoom, Rooms, Whole, free_gpus
+from kai_ray.core.actions.victims import VictimUnit, victim_units
 from kai_ray.core.model import ACTIVE_ALLOCATED, PodStatus
 from kai_ray.core.ordering import JobQueue, PendingOrder, scenario_queue
-from kai_ray.core.scratch import Key
 from kai_ray.core.state import EvictInfo, JobState, Session, Task
 
 # (evicted, moved) -> whether the action accepts the scenario. A rejection takes no queue's jobs
@@ -57,8 +56,6 @@ class Solution:
 # gpu-memory requests), CPU, memory
 _Request = tuple[int, float, int, int]
 _MIN_PORTION_DIFF = 0.01  # KAI's minGPUs: portions closer than this compare equal
-# each job's victim unit as of its last change (`JobState.changes`), kept for the session
-VICTIM_UNITS: Key[dict[str, tuple[int, VictimUnit | None]]] = Key("victim units")
 
 
 def _request(task: Task) -> _Request:
@@ -164,185 +161,6 @@ class FailedJobs:
             self.failed[key] = mine
 
 
-class _ScopeVictims:
-    """One scope's victim units, their victim-order queue and what they would free together,
-    updated job by job (candidate membership is fixed within an action)."""
-
-    def __init__(self, sess: Session, jobs: list[JobState],
-                 known: dict[str, tuple[int, VictimUnit | None]]) -> None:
-        self.units: dict[str, VictimUnit] = {}
-        self.members = {job.name for job in jobs}  # the candidates, unit or not
-        self.freed = Freed(sess)
-        # each job's unit as of its last change, shared by the scopes it is a candidate of
-        # (units are never changed once built)
-        self.known = known
-        heaps: dict[str, list[tuple[int, int, VictimUnit]]] = {}
-        for job in jobs:
-            unit = self._add(job)
-            if unit is not None:
-                # JobQueue's entries, made here where the unit's type is known (fast calls)
-                heaps.setdefault(job.queue, []).append(
-                    (-unit.order_number(sess), len(self.units), unit))
-        self.queue: JobQueue[VictimUnit] = JobQueue(sess, (), reverse=True, heaps=heaps)
-
-    def _add(self, job: JobState) -> VictimUnit | None:
-        known = self.known.get(job.name)
-        if known is None or known[0] != job.changes:
-            known = self.known[job.name] = (job.changes, unit_of(job))
-        unit = known[1]
-        if unit is not None:
-            self.units[job.name] = unit
-            for t in unit.tasks:
-                self.freed.add(t, +1)
-        return unit
-
-    def update(self, jobs: list[JobState]) -> None:
-        gone = []
-        for name in {job.name for job in jobs}:
-            old = self.units.pop(name, None)
-            if old is not None:
-                gone.append(old)
-                for t in old.tasks:
-                    self.freed.add(t, -1)
-        self.queue.discard(gone)
-        for job in jobs:
-            unit = self._add(job)
-            if unit is not None:
-                self.queue.push(unit)
-
-
-class VictimCache:
-    """Victim candidates and free GPUs for one action run. A job that fails rolls the session
-    back; one that succeeds changes only the jobs its decisions touched (found in the undo log),
-    so only their victim units are rebuilt, in the scopes that hold them. Keyed by the
-    candidates' scope (which victims a job may take)."""
-
-    def __init__(self) -> None:
-        self.version = -1
-        self.free: FreeGpus | None = None
-        self.scopes: dict[object, _ScopeVictims] = {}
-        self.all_freed: dict[object, AllFreed] = {}  # kept node by node across states
-        self.streams: dict[object, VictimStream] = {}
-        self.touched: dict[object, set[str]] = {}  # per stream, jobs changed since it was built
-        self.enough_all: dict[tuple[object, ...], bool] = {}
-
-    def all_enough(self, sess: Session, scope: object, all_freed: AllFreed,
-                   prefix: list[Task]) -> bool:
-        """Whether every candidate victim together would free enough GPUs for `prefix`
-        (the idle-GPU filter over `all_freed`), remembered per scope and needs for this
-        state."""
-        whole, fractions = GpuRoom.needs(sess, prefix)
-        key = (scope, tuple(whole), tuple(fractions))
-        known = self.enough_all.get(key) if scope is not None else None
-        if known is None:
-            known = all_freed.enough(whole, fractions)
-            if scope is not None:
-                self.enough_all[key] = known
-        return known
-
-    def stream(self, sess: Session, scope: object) -> VictimStream | None:
-        """The scope's victim stream for the current state (`get` must have been called for
-        this state)."""
-        if scope is None or scope not in self.scopes or self.free is None:
-            return None
-        stream = self.streams.get(scope)
-        touched = self.touched.pop(scope, None)
-        if stream is not None and touched is not None and not stream.renew(self.free, touched):
-            stream = None
-        if stream is None:
-            victims = self.scopes[scope]
-            stream = self.streams[scope] = VictimStream(sess, victims.queue, victims.units,
-                                                         self.free)
-        return stream
-
-    def get(self, sess: Session, scope: object, candidates: Callable[[], list[JobState]]
-            ) -> tuple[FreeGpus, AllFreed, JobQueue[VictimUnit]]:
-        if self.version != len(sess.undo) or self.free is None:
-            touched: set[str] = set()
-            if 0 <= self.version <= len(sess.undo):
-                entries = sess.undo[self.version:]
-                jobs = list({id(entry[1].job): entry[1].job for entry in entries
-                             if isinstance(entry[1], Task)}.values())
-                touched = {job.name for job in jobs}
-                by_scope: dict[int, tuple[_ScopeVictims, list[JobState]]] = {}
-                for job in jobs:
-                    for victims in self.scopes.values():
-                        if job.name in victims.members:
-                            by_scope.setdefault(id(victims), (victims, []))[1].append(job)
-                for victims, scope_jobs in by_scope.values():
-                    victims.update(scope_jobs)
-                nodes = _changed_nodes(entries, jobs)
-                for all_freed in self.all_freed.values():
-                    all_freed.refresh(nodes)
-            else:
-                self.scopes, self.streams, self.touched = {}, {}, {}
-                self.all_freed = {}
-            self.version = len(sess.undo)
-            self.free = FreeGpus(sess)
-            self.enough_all = {}
-            # streams are carried over when next used (`stream`), with every job touched since
-            for key in self.streams:
-                self.touched.setdefault(key, set()).update(touched)
-        if scope is None:
-            units = victim_units(candidates())
-            freed = Freed(sess)
-            for t in (t for u in units for t in u.tasks):
-                freed.add(t, +1)
-            all_freed = AllFreed(sess, freed, self.free.with_freed(freed))
-            return self.free, all_freed, JobQueue(sess, units, reverse=True)
-        if scope not in self.scopes:
-            # each job's unit as of its last change, kept for the session (`changes` only
-            # grows, rollbacks included: a unit is never reused for another state of its job)
-            known = sess.scratch.setdefault(VICTIM_UNITS, dict)
-            self.scopes[scope] = _ScopeVictims(sess, candidates(), known)
-        victims = self.scopes[scope]
-        if scope not in self.all_freed:
-            self.all_freed[scope] = AllFreed(sess, victims.freed,
-                                             self.free.with_freed(victims.freed))
-        return self.free, self.all_freed[scope], victims.queue
-
-
-def _changed_nodes(entries: list[tuple[object, ...]], jobs: list[JobState]) -> set[int]:
-    """Nodes where undo-log `entries` changed something, and where the tasks of `jobs` (whose
-    victim units may have changed) sit."""
-    nodes: set[int] = set()
-    for entry in entries:
-        task, prev = entry[1], entry[2]
-        if isinstance(task, Task):
-            nodes.add(task.node)
-        if isinstance(prev, Task):  # a move: the copy's node
-            nodes.add(prev.node)
-        elif isinstance(prev, tuple) and len(prev) > 1 and isinstance(prev[1], int):
-            nodes.add(prev[1])  # an allocation: where the task was before
-    for job in jobs:
-        nodes.update(t.node for t in job.tasks)
-    nodes.discard(-1)
-    return nodes
-
-
-class _RecordedFreed:
-    """What a job's recorded victims free, as overlays over the free GPUs (`GpuRoom.free_into`
-    fills them), kept from prefix to prefix: the victims recorded for the next prefix are
-    mostly those of this one plus a few, so each prefix's room adopts these instead of
-    adding every recorded victim again."""
-
-    def __init__(self, counter: GpuRoom) -> None:
-        self.counter = counter
-        self.tasks: list[Task] = []
-        self.whole: dict[int, int] = {}
-        self.freed: dict[tuple[int, str], int] = {}
-
-    def of(self, recorded: list[Task]) -> tuple[dict[int, int], dict[tuple[int, str], int]]:
-        known = len(self.tasks)
-        if len(recorded) < known or any(a is not b for a, b in zip(recorded, self.tasks,
-                                                                     strict=False)):
-            self.tasks, self.whole, self.freed, known = [], {}, {}, 0
-        for t in recorded[known:]:
-            self.counter.free_into(t, self.whole, {}, self.freed)
-            self.tasks.append(t)
-        return self.whole, self.freed
-
-
 def _groups_hit(victims: list[Task], groups: list[list[Task]]) -> list[list[Task]]:
     """The groups holding one of `victims` (the pods a scenario evicted or moved)."""
     hit = {id(t) for t in victims}
@@ -351,19 +169,14 @@ def _groups_hit(victims: list[Task], groups: list[list[Task]]) -> list[list[Task
 
 class Solver:
     def __init__(self, sess: Session, action: str, candidates: Callable[[], list[JobState]],
-                 validator: Validator, message: Callable[[Task, JobState], str],
-                 cache: VictimCache | None = None, scope: object = None) -> None:
+                 validator: Validator, message: Callable[[Task, JobState], str]) -> None:
         self.sess = sess
-        self.cache = cache if cache is not None else VictimCache()
-        self.scope = scope
         self.action = action
         self.candidates = candidates
         self.validator = validator
         self.message = message
-        # set per job by `solve` (see `VictimCache.get`)
-        self._recorded: _RecordedFreed
-        self._free: FreeGpus
-        self._all_freed: AllFreed
+        # set per job by `solve`: the GPUs free and the victim order before any prefix
+        self._free: tuple[Whole, Rooms]
         self._victim_queue: JobQueue[VictimUnit]
         self._feasible: npt.NDArray[np.bool_] | None = None
 
@@ -377,14 +190,14 @@ class Solver:
         active_before = job.active_count()
         # the state is rolled back to `base` before every prefix, so the candidates and the free
         # GPUs are the same for all of them
-        self._free, self._all_freed, self._victim_queue = self.cache.get(
-            sess, self.scope, self.candidates)
-        if self._hopeless(tasks):
+        self._free = free_gpus(sess)
+        units = victim_units(self.candidates())
+        if self._hopeless(tasks, units):
             return False
+        self._victim_queue = JobQueue(sess, units, reverse=True)
         self._feasible = feasible_nodes(sess, job)
         recorded: list[list[Task]] = []
         actual: list[Task] = []  # what the last prefix's scenario evicted or moved
-        self._recorded = _RecordedFreed(GpuRoom(sess, self._free, []))
         solved = False
         for k in range(1, len(tasks) + 1):
             found = self._solve_prefix(job, tasks[:k], recorded, actual)
@@ -399,12 +212,17 @@ class Solver:
         sess.rollback(base)
         return False
 
-    def _hopeless(self, tasks: list[Task]) -> bool:
-        """Whether not even every candidate victim together would free enough GPUs for all of
-        `tasks`. The last prefix must succeed for the job to, and it cannot then: its recorded
-        victims are some of the candidates, and more victims never make the idle-GPU filter
-        harder to pass. Found before any prefix is simulated, it changes no decision."""
-        return not self.cache.all_enough(self.sess, self.scope, self._all_freed, tasks)
+    def _hopeless(self, tasks: list[Task], units: list[VictimUnit]) -> bool:
+        """Whether not even every candidate victim together passes the idle-GPU filter for all
+        of `tasks`: then no scenario of the last prefix can, so the job is not searched. Part of
+        the specification, not only a shortcut: the earlier prefixes' scenarios are not
+        simulated either, and each simulation rolled back leaves its float rounding in the
+        queues' sums (as the Rust core, which skips them too)."""
+        room = GpuRoom(self.sess, self._free, tasks)
+        for unit in units:
+            for t in unit.tasks:
+                room.add_victim(t)
+        return not room.enough()
 
     def _solve_prefix(self, job: JobState, prefix: list[Task], groups: list[list[Task]],
                       actual: list[Task]) -> tuple[list[list[Task]], list[Task]] | None:
@@ -413,53 +231,34 @@ class Solver:
         `actual` are the previous prefix's."""
         recorded = [t for g in groups for t in g]
         room = GpuRoom(self.sess, self._free, prefix)
-        if recorded and not room.trivial:
-            room.adopt(*self._recorded.of(recorded))
+        for t in recorded:
+            room.add_victim(t)
         # the scenario of the recorded victims alone (the same on every node), once tried
         recorded_only = bool(recorded) and room.enough()
         if recorded_only:
             result = self._try(job, prefix, recorded, self._nodes(actual))
             if result is not None:
                 return _groups_hit(result, groups), result
-        if not self.cache.all_enough(self.sess, self.scope, self._all_freed, prefix):
-            return None  # not even every candidate victim together would make room
-        stream = self.cache.stream(self.sess, self.scope)
-        victims = (stream.read(recorded, room)
-                   if stream is not None and stream.covers(recorded) else self._popped(recorded))
-        # potential victims in the order they were taken, and per node the jobs with one there
-        # (those of the quiet batch, which come first, sorted by node only once an entry may be
-        # simulated): a scenario on a node takes every potential victim of those jobs, wherever
-        # it sits (KAI's ByNodeScenario.VictimsTasksFromNodes)
-        quiet_batch: list[list[Task]] = []
+        # potential victims in the order they were taken, and per node the jobs with one there:
+        # a scenario on a node takes every potential victim of those jobs, wherever it sits
+        # (KAI's ByNodeScenario.VictimsTasksFromNodes)
         potential: list[Task] = []
         taken_in: dict[int, list[Task]] = {}  # each potential victim's take
-        jobs_on: dict[int, set[int]] | None = None
-        for takes, quiet in victims:
-            if quiet:
-                quiet_batch.extend(takes)
-                continue  # already in `room` (see `VictimStream.read`); nothing to simulate
-            if jobs_on is None:
-                jobs_on = {}
-                for taken in quiet_batch:
-                    for t in taken:
-                        jobs_on.setdefault(t.node, set()).add(id(t.job))
-                        taken_in[id(t)] = taken
-                    potential.extend(taken)
-            for taken in takes:
-                for t in taken:
-                    jobs_on.setdefault(t.node, set()).add(id(t.job))
-                    taken_in[id(t)] = taken
-                    room.add_victim(t)
-                potential.extend(taken)
+        jobs_on: dict[int, set[int]] = {}
+        for taken in self._popped(recorded):
+            for t in taken:
+                jobs_on.setdefault(t.node, set()).add(id(t.job))
+                taken_in[id(t)] = taken
+                room.add_victim(t)
+            potential.extend(taken)
             if not room.enough():
                 continue  # even every victim so far would not free enough GPUs: skip simulating
-            # a scenario per node of each taken victim's job, any of its pods where it is now
+            # a scenario per node of the taken victim's job, any of its pods where it is now
             # (KAI's getNodesOfJob, by_pod_solver.go:86,204: a moved pod is on the node it was
             # moved to, not the one it leaves; fuzzer seed 779): on one with no potential
             # victim (or for a pending pod, no node) only the recorded victims go, and that may
             # be enough now that earlier jobs of the action left GPUs releasing
-            for node in sorted({p.node for taken in takes for p in taken[0].job.tasks
-                                if p.moved is None}):
+            for node in sorted({p.node for p in taken[0].job.tasks if p.moved is None}):
                 on_node = jobs_on.get(node, set())
                 added = [t for t in potential if id(t.job) in on_node]
                 if not added:
@@ -497,7 +296,7 @@ class Solver:
                 place_tasks(sess, next_job, again, pipeline_only=True, record=False)
         return True
 
-    def _popped(self, recorded: list[Task]) -> Iterator[tuple[list[list[Task]], bool]]:
+    def _popped(self, recorded: list[Task]) -> Iterator[list[Task]]:
         """The victims in victim order, popped from a copy of the scope's queue: what each
         next unit gives up (never a recorded victim again; what is left of its job goes
         back)."""
@@ -508,7 +307,7 @@ class Solver:
             if rest is not None:
                 queue.push(rest)
             if taken:
-                yield [taken], False
+                yield taken
 
     def _nodes(self, *victims: list[Task]) -> list[int] | None:
         """A scenario's nodes in node order (KAI's byPodSolver feasibleNodes): the job's

@@ -1,7 +1,8 @@
 //! Choosing a node (and GPU devices) for one task (kai_ray/core/placement.py): predicates and
 //! scores as KAI's plugins have them. A GPU task first looks up the nodes with GPU room in the
 //! session's index: a few are checked one by one, many are walked in binpack order; the pass
-//! over every node decides otherwise.
+//! over every node decides otherwise. Only the pass is in the Python specification; the index
+//! and the walks are this core's speed paths (docs/native-core.md).
 
 use crate::constraints::{affinity_matches, untolerated, Taint};
 use crate::model::GpuPacking;
@@ -690,7 +691,8 @@ pub fn choose(sess: &mut Session, task: usize, explain: bool) -> (Option<Choice>
 
 /// `choose` over `within` alone (in node order): the pass over every node's predicates and
 /// scores, node by node, with binpack normalised over `within` (a victim scenario's nodes:
-/// KAI's AllocateJob is handed that node list). kai_ray/core/placement.py `_choose_filtered`.
+/// KAI's AllocateJob is handed that node list). The Python's `choose` masks its pass over every
+/// node to them instead.
 fn choose_filtered(
     sess: &mut Session,
     task: usize,

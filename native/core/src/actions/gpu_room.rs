@@ -1,5 +1,6 @@
 //! What victims would free, as KAI's accumulated idle-GPU filter sees it, made device-aware
-//! (kai_ray/core/actions/gpu_room.py): free whole GPUs per node and room per shared device
+//! (the filter of kai_ray/core/actions/gpu_room.py, kept incrementally here: the Python
+//! computes it plainly): free whole GPUs per node and room per shared device
 //! (`FreeGpus`), what a set of victims frees (`Freed`), the filter for one prefix of a job's
 //! tasks (`GpuRoom`) and the filter with every candidate victim gone (`AllFreed`).
 

@@ -7,6 +7,9 @@
 //! they sit), then places the preemptor and the victims again (pipeline only), in the order KAI
 //! pops them from among every job with a pending task (`ordering::scenario_queue`). An action's
 //! rules accept or reject the scenario.
+//!
+//! The scope cache, the victim stream and the incremental idle-GPU filter are this core's speed
+//! paths: the Python specification recomputes each plainly (docs/native-core.md).
 
 use std::cmp::Ordering;
 

@@ -1,6 +1,7 @@
 //! A scope's victim order popped once per session state and read by every prefix of every job
-//! tried against that state (kai_ray/core/actions/victim_stream.py), with running tallies of
-//! what the victims free so that a prefix skips those that cannot yet make room for it.
+//! tried against that state, with running tallies of what the victims free so that a prefix
+//! skips those that cannot yet make room for it. A speed path of the Rust core only: the Python
+//! specification pops the victim order afresh for every prefix (`Solver._popped`).
 //!
 //! The stream's free GPUs are always the cache's current `FreeGpus` (the stream is carried over
 //! or rebuilt whenever the state changes), so they are passed in rather than held.
