@@ -15,6 +15,7 @@ pub mod placement;
 pub mod pyfmt;
 pub mod queuetree;
 pub mod schedule;
+pub mod scratch;
 pub mod state;
 
 pub use schedule::{schedule, CycleOutput};

@@ -235,7 +235,7 @@ impl JobQueue {
     fn number(&self, sess: &mut Session, item: usize) -> i64 {
         match self.items {
             Items::Jobs => sess.job_order_number(item),
-            Items::Units => crate::actions::victims::unit_order_number(sess, item),
+            Items::Units => sess.unit_order_number(item),
         }
     }
 
@@ -423,7 +423,7 @@ impl JobQueue {
 
     fn victim_amount(&self, sess: &Session, item: usize) -> Amounts {
         match self.items {
-            Items::Units => crate::actions::victims::victim_amount(sess, item),
+            Items::Units => sess.victim_amount(item),
             Items::Jobs => ZERO,
         }
     }
@@ -471,10 +471,10 @@ impl PendingOrder {
     /// Bring the session's up to date with its current state (made on first use).
     pub fn sync(sess: &mut Session) {
         let now = sess.undo.len();
-        let mut known = match sess.pending_order.take() {
+        let mut known = match sess.scratch.take::<PendingOrder>() {
             Some(known) if known.version <= now => known,
             _ => {
-                let mut fresh = PendingOrder { version: now, ..PendingOrder::default() };
+                let mut fresh = Box::new(PendingOrder { version: now, ..PendingOrder::default() });
                 for job in sess.pending_jobs.clone() {
                     let Some(queue) = fresh.queue_of(sess, job) else { continue };
                     let number = sess.job_order_number(job);
@@ -502,7 +502,7 @@ impl PendingOrder {
             }
             known.version = now;
         }
-        sess.pending_order = Some(known);
+        sess.scratch.put(known);
     }
 
     /// The job's leaf queue when it has a pending task (a job in a parent queue or one missing
@@ -535,7 +535,7 @@ impl PendingOrder {
 /// distinct, as they are once the victims are evicted; the preemptor first): ordering.py
 /// `scenario_queue`. KAI pops them from a queue over every job with a pending task
 /// (GetJobsToAllocate) and skips the others, but while one of them is the first of its queue it
-/// is what that queue is compared by. `sess.pending_order` holds those others as they were
+/// is what that queue is compared by. the session's `PendingOrder` (its scratch) holds those others as they were
 /// before the scenario (synced by the caller when the wanted jobs are in more than one queue,
 /// the only case that reads it). The preemptor is compared by what its `prefix` asks: KAI puts
 /// in its place the partial job of the prefix (job_solver.go getPartialJobRepresentative).
@@ -561,7 +561,7 @@ pub fn scenario_queue(sess: &mut Session, wanted: &[usize], prefix: &[usize]) ->
         }
     }
     if last.len() > 1 {
-        if let Some(pending) = sess.pending_order.as_ref() {
+        if let Some(pending) = sess.scratch.get::<PendingOrder>() {
             let wanted: FxHashSet<usize> = wanted.iter().copied().collect();
             let reachable = |key: usize| {
                 key < sess.queues.len() && {

@@ -19,7 +19,6 @@ use std::collections::{BTreeMap, BTreeSet};
 use rustc_hash::FxHashMap;
 
 use crate::model::{Constraints, GpuPacking, Request};
-use crate::placement::{fits_node, Choice};
 use crate::state::{Session, MILLI};
 
 pub const PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
@@ -67,30 +66,6 @@ fn pairwise(a: &[f64]) -> f64 {
         n2 -= n2 % 8;
         pairwise(&a[..n2]) + pairwise(&a[n2..])
     }
-}
-
-/// Free milli-GPU of device slot `j` of node `n` as the policies see the session
-/// (packing_policy.node_state): the shared devices first, in their order, then the idle whole
-/// devices, then the busy ones (0); -1 past the node's devices.
-pub fn slot_free(sess: &Session, n: usize, j: usize) -> i64 {
-    let groups = &sess.groups[n];
-    if j < groups.len() {
-        return MILLI - groups[j].used;
-    }
-    let idle_whole = (sess.cap_gpu[n] - sess.used_gpu[n]).max(0);
-    let j = j as i64;
-    if j < groups.len() as i64 + idle_whole {
-        MILLI
-    } else if j < sess.cap_gpu[n] {
-        0
-    } else {
-        -1
-    }
-}
-
-/// The node's device slots (`gpu_free >= 0`): what `model_supply` counts.
-pub fn slot_count(sess: &Session, n: usize) -> i64 {
-    (0..sess.dev_width).filter(|&j| slot_free(sess, n, j) >= 0).count() as i64
 }
 
 /// packing.PodRequest as packing_policy.request makes it (memory in MiB).
@@ -712,7 +687,7 @@ impl Memo {
         View {
             cpu: sess.cap_cpu[n] - sess.used_cpu[n],
             mem: (sess.cap_mem[n] - sess.used_mem[n]).div_euclid(MIB),
-            row: (0..sess.dev_width).map(|j| slot_free(sess, n, j)).collect(),
+            row: (0..sess.dev_width).map(|j| sess.slot_free(n, j)).collect(),
             model,
             mrow: if model >= 0 && (model as usize) < models { model as usize } else { models },
         }
@@ -765,15 +740,26 @@ fn candidates(sess: &Session, req: &Request, out: &mut Vec<i32>) {
     }
 }
 
+/// (fits, fits on idle) of a task on a node: the placement's predicates, handed in.
+pub type Fits = fn(&mut Session, usize, i32) -> (bool, bool);
+
+/// What a policy picks: the node, the shared devices the task joins and those of them it opens
+/// (placed on idle resources).
+pub struct Picked {
+    pub node: i32,
+    pub groups: Vec<u32>,
+    pub new_groups: Vec<u32>,
+}
+
 /// packing_policy.choose: the node and shared device the configured policy picks among the
-/// nodes the task fits on idle resources, None for KAI's rules (a task the policies do not
-/// model, or no such node the policy scores).
-pub fn choose(sess: &mut Session, task: usize) -> Option<Choice> {
+/// nodes the task fits on idle resources (by `fits`), None for KAI's rules (a task the policies
+/// do not model, or no such node the policy scores).
+pub fn choose(sess: &mut Session, task: usize, fits: Fits) -> Option<Picked> {
     let req = sess.tasks[task].req;
     let preq = request(&req)?;
-    let mut memo = sess.packing.take().unwrap_or_default();
-    let picked = pick(sess, &mut memo, task, &req, preq);
-    sess.packing = Some(memo);
+    let mut memo = sess.scratch.take::<Memo>().unwrap_or_default();
+    let picked = pick(sess, &mut memo, task, &req, preq, fits);
+    sess.scratch.put(memo);
     picked
 }
 
@@ -783,7 +769,8 @@ fn pick(
     task: usize,
     req: &Request,
     preq: PodRequest,
-) -> Option<Choice> {
+    fits_node: Fits,
+) -> Option<Picked> {
     let policy = sess.config.gpu_packing;
     let by_shapes = matches!(policy, GpuPacking::Fgd | GpuPacking::Lookahead);
     let shape = sess.shape_of(task);
@@ -836,15 +823,15 @@ fn pick(
     let (_, node) = best?;
     let n = node as usize;
     if !preq.shared() {
-        return Some(Choice { node, groups: Vec::new(), new_groups: Vec::new(), on_idle: true });
+        return Some(Picked { node, groups: Vec::new(), new_groups: Vec::new() });
     }
     let device = scorer(memo, policy, preq).device(&memo.view(sess, n, models(memo)));
     if device < sess.groups[n].len() {
         let gid = sess.groups[n][device].gid;
-        return Some(Choice { node, groups: vec![gid], new_groups: Vec::new(), on_idle: true });
+        return Some(Picked { node, groups: vec![gid], new_groups: Vec::new() });
     }
     let gid = sess.new_group_id(node, &[]);
-    Some(Choice { node, groups: vec![gid], new_groups: vec![gid], on_idle: true })
+    Some(Picked { node, groups: vec![gid], new_groups: vec![gid] })
 }
 
 fn models(memo: &Memo) -> usize {

@@ -633,6 +633,16 @@ pub fn choose_devices(sess: &mut Session, task: usize, node: i32) -> (Vec<u32>, 
     (groups, new, on_idle)
 }
 
+/// The configured packing policy's pick as a placement on idle resources.
+fn policy_choice(sess: &mut Session, task: usize) -> Option<Choice> {
+    packing::choose(sess, task, fits_node).map(|p| Choice {
+        node: p.node,
+        groups: p.groups,
+        new_groups: p.new_groups,
+        on_idle: true,
+    })
+}
+
 /// Best node for `task`, or None with the failed-predicate histogram (empty unless
 /// `explain`). A virtually evicted victim is placed like any task.
 pub fn choose(sess: &mut Session, task: usize, explain: bool) -> (Option<Choice>, Reasons) {
@@ -644,7 +654,7 @@ pub fn choose(sess: &mut Session, task: usize, explain: bool) -> (Option<Choice>
         // The Python takes no shortcut here: the pass over every node, then the policy among
         // the nodes the task fits on idle resources, else KAI's scores over that pass. Both
         // are found among the nodes the GPU room index lists (no other node fits).
-        if let Some(choice) = packing::choose(sess, task) {
+        if let Some(choice) = policy_choice(sess, task) {
             return (Some(choice), Vec::new());
         }
         let nodes = room_candidates(sess, &req);
@@ -718,7 +728,7 @@ fn choose_filtered(
             return (None, reasons);
         }
         fitting.sort_unstable();
-        if let Some(choice) = packing::choose(sess, task) {
+        if let Some(choice) = policy_choice(sess, task) {
             return (Some(choice), Vec::new());
         }
         let score = scores(sess, task, &fitting, &fits, &fits_idle, Some(within));

@@ -14,6 +14,7 @@ use crate::model::{
     Constraints, GpuPacking, PodStatus, Request, SchedulerConfig, Snapshot, MIN_NODE_GPU_MEMORY_MIB,
 };
 use crate::queuetree::excluded_queues;
+use crate::scratch::Scratch;
 
 pub const GPU: usize = 2;
 pub const MILLI: i64 = 1000;
@@ -256,6 +257,19 @@ pub struct NodeInfo {
     pub taints: Vec<crate::constraints::Taint>,
 }
 
+/// What of a victim job is still there to take (actions/victims.rs builds them): in the
+/// session's arena (`Session::units`), never changed once built.
+#[derive(Clone, Debug)]
+pub struct VictimUnit {
+    pub job: usize,
+    pub tasks: Vec<usize>,
+    /// the tasks per podset of the job (its podsets' order); a pod of no podset is in none
+    pub by_set: Vec<Vec<usize>>,
+    pub rank: i64,
+    /// `order_number`, once asked (-1 before)
+    pub number: i64,
+}
+
 /// Ranks of the parts of a job order key: by negated priority, the sorted creation times, how
 /// many distinct creation times and jobs there are.
 type OrderRanks = (FxHashMap<i64, i64>, Vec<f64>, i64, i64);
@@ -325,20 +339,20 @@ pub struct Session {
     order_ranks: Option<OrderRanks>,
     /// each job's victim unit as of its last change (actions/victims.rs), kept for the session
     pub victim_units: FxHashMap<usize, (u64, Option<usize>)>,
-    /// the jobs with a pending task per leaf queue in job order (ordering.rs), made on first use
-    pub pending_order: Option<crate::ordering::PendingOrder>,
-    pub units: Vec<crate::actions::victims::VictimUnit>,
+    pub units: Vec<VictimUnit>,
     /// bumped on every change to a node's usage (and its undo): the packing policies keep a
     /// node's score until it changes
     pub node_ver: Vec<u64>,
-    /// device slots per node as the packing policies see them (`packing::slot_free`), kept by
+    /// device slots per node as the packing policies see them (`Session::slot_free`), kept by
     /// `refresh_gpu` under `lookahead` (its arrival weights follow each model's slots), and
     /// the nodes whose count changed, in turn
     pub dev_width: usize,
     pub dev_slots: Vec<i64>,
     pub slots_log: Vec<u32>,
-    /// what the packing policies derive once per session (typical shapes, scores)
-    pub packing: Option<Box<crate::packing::Memo>>,
+    /// what other modules derive once per session, under their own types: the jobs with a
+    /// pending task per leaf queue in job order (ordering.rs `PendingOrder`), the packing
+    /// policies' typical shapes and scores (packing.rs `Memo`)
+    pub scratch: Scratch,
 }
 
 fn add3(amounts: &mut Amounts, cpu: f64, memory: f64, gpu: f64) {
@@ -385,6 +399,60 @@ pub fn leq(a: &[f64], b: &[f64]) -> bool {
 }
 
 impl Session {
+    /// A victim unit's place in the job order (its job's priority, rank and creation), kept
+    /// on the unit once asked.
+    pub fn unit_order_number(&mut self, unit: usize) -> i64 {
+        if self.units[unit].number < 0 {
+            let u = &self.units[unit];
+            let (job, rank) = (u.job, u.rank);
+            let (priority, created) = (self.jobs[job].priority, self.jobs[job].created);
+            let number = self.order_number(-priority, rank, created, job);
+            self.units[unit].number = number;
+        }
+        self.units[unit].number
+    }
+
+    /// What the victim order counts as gone from the queue with this unit: all its tasks a
+    /// queue's allocation counts, not just those the next take evicts (KAI subtracts the
+    /// popped or peeked job clone's `Allocated`: a pipelined pod counts nothing).
+    pub fn victim_amount(&self, unit: usize) -> Amounts {
+        let (mut cpu, mut mem) = (0i64, 0i64);
+        let mut gpu = 0.0;
+        for &t in &self.units[unit].tasks {
+            let task = &self.tasks[t];
+            if task.status.queue_allocated() {
+                cpu += task.req.cpu_m;
+                mem += task.req.memory;
+                gpu += task.accepted_gpu;
+            }
+        }
+        [cpu as f64, mem as f64, gpu]
+    }
+
+    /// Free milli-GPU of device slot `j` of node `n` as the packing policies see the session
+    /// (packing_policy.node_state): the shared devices first, in their order, then the idle
+    /// whole devices, then the busy ones (0); -1 past the node's devices.
+    pub fn slot_free(&self, n: usize, j: usize) -> i64 {
+        let groups = &self.groups[n];
+        if j < groups.len() {
+            return MILLI - groups[j].used;
+        }
+        let idle_whole = (self.cap_gpu[n] - self.used_gpu[n]).max(0);
+        let j = j as i64;
+        if j < groups.len() as i64 + idle_whole {
+            MILLI
+        } else if j < self.cap_gpu[n] {
+            0
+        } else {
+            -1
+        }
+    }
+
+    /// The node's device slots (`slot_free >= 0`): what the policies' model supply counts.
+    pub fn slot_count(&self, n: usize) -> i64 {
+        (0..self.dev_width).filter(|&j| self.slot_free(n, j) >= 0).count() as i64
+    }
+
     pub fn new(snapshot: Snapshot, config: SchedulerConfig, now: f64) -> Session {
         let Snapshot { nodes: mut snap_nodes, queues: snap_queues, jobs: snap_jobs, constraints } =
             snapshot;
@@ -473,17 +541,16 @@ impl Session {
             name_rank: None,
             order_ranks: None,
             victim_units: FxHashMap::default(),
-            pending_order: None,
             units: Vec::new(),
             node_ver: vec![0; count],
             dev_width: 1,
             dev_slots: vec![0; count],
             slots_log: Vec::new(),
-            packing: None,
+            scratch: Scratch::default(),
         };
         sess.dev_width = sess.cap_gpu.iter().copied().max().unwrap_or(1).max(1) as usize;
         for n in 0..count {
-            sess.dev_slots[n] = crate::packing::slot_count(&sess, n);
+            sess.dev_slots[n] = sess.slot_count(n);
         }
         sess.build_queues(snap_queues);
         // one pass over the pods builds the tasks and loads what they use
@@ -1017,7 +1084,7 @@ impl Session {
         self.rel_gpu[n] = rel;
         self.node_ver[n] += 1;
         if self.config.gpu_packing == GpuPacking::Lookahead {
-            let slots = crate::packing::slot_count(self, n);
+            let slots = self.slot_count(n);
             if slots != self.dev_slots[n] {
                 self.dev_slots[n] = slots;
                 self.slots_log.push(n as u32);

@@ -18,9 +18,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use crate::actions::common::place_tasks;
 use crate::actions::gpu_room::{free_into, needs, AllFreed, DevKey, FreeGpus, Freed, GpuRoom};
 use crate::actions::victim_stream::{StreamRead, Takes, VictimStream};
-use crate::actions::victims::{
-    new_unit, take_unrecorded, unit_of, unit_order_number, victim_units,
-};
+use crate::actions::victims::{new_unit, take_unrecorded, unit_of, victim_units};
 use crate::model::PodStatus;
 use crate::ordering::{scenario_queue, Items, JobQueue, PendingOrder};
 use crate::state::{EvictInfo, EvictMessage, Session, Signature, Undo};
@@ -176,7 +174,7 @@ impl ScopeVictims {
         let mut entries = Vec::new();
         for &job in jobs {
             if let Some(unit) = scope.add(sess, job) {
-                let number = unit_order_number(sess, unit);
+                let number = sess.unit_order_number(unit);
                 entries.push((sess.jobs[job].queue_key, (-number, scope.units.len() as u64, unit)));
             }
         }

@@ -12,7 +12,7 @@ use std::collections::BinaryHeap;
 use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::actions::gpu_room::{free_into, freed_whole, DevKey, FreeGpus, GpuRoom};
-use crate::actions::victims::{new_unit, take, take_unrecorded, unit_order_number};
+use crate::actions::victims::{new_unit, take, take_unrecorded};
 use crate::ordering::JobQueue;
 use crate::state::{Session, MILLI};
 
@@ -203,7 +203,7 @@ impl VictimStream {
             self.source.push(sess, rest);
             self.single_takes = false;
         }
-        Some((-unit_order_number(sess, unit), job, taken))
+        Some((-sess.unit_order_number(unit), job, taken))
     }
 
     /// Carry the stream over to the next state, where the jobs in `touched` have new units in
@@ -647,7 +647,7 @@ impl StreamRead {
             if left.is_empty() {
                 continue; // all of it recorded: it would give nothing more
             }
-            let number = unit_order_number(sess, unit);
+            let number = sess.unit_order_number(unit);
             side_list.push(Reverse((-number, side_list.len() as u64, unit)));
             others.extend(left);
         }
@@ -724,7 +724,7 @@ impl StreamRead {
                 if let Some(rest) = rest {
                     self.seq += 1;
                     let rest = new_unit(sess, job, rest);
-                    let number = unit_order_number(sess, rest);
+                    let number = sess.unit_order_number(rest);
                     self.side.push(Reverse((-number, self.seq, rest)));
                 }
                 taken = got;

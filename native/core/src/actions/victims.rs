@@ -5,21 +5,10 @@
 use std::cmp::Ordering;
 
 use crate::model::PodStatus;
-use crate::state::{cmp_task, Amounts, Session};
+use crate::state::{cmp_task, Session, VictimUnit};
 
 fn victim_state(s: PodStatus) -> bool {
     matches!(s, PodStatus::Allocated | PodStatus::Binding | PodStatus::Bound | PodStatus::Running)
-}
-
-#[derive(Clone, Debug)]
-pub struct VictimUnit {
-    pub job: usize,
-    pub tasks: Vec<usize>,
-    /// the tasks per podset of the job (its podsets' order); a pod of no podset is in none
-    pub by_set: Vec<Vec<usize>>,
-    pub rank: i64,
-    /// `order_number`, once asked (-1 before)
-    pub number: i64,
 }
 
 /// Build a unit of `tasks` of `job` in the arena; its id.
@@ -55,34 +44,6 @@ pub fn new_unit(sess: &mut Session, job: usize, tasks: Vec<usize>) -> usize {
     let id = sess.units.len();
     sess.units.push(VictimUnit { job, tasks, by_set, rank, number: -1 });
     id
-}
-
-pub fn unit_order_number(sess: &mut Session, unit: usize) -> i64 {
-    if sess.units[unit].number < 0 {
-        let u = &sess.units[unit];
-        let (job, rank) = (u.job, u.rank);
-        let (priority, created) = (sess.jobs[job].priority, sess.jobs[job].created);
-        let number = sess.order_number(-priority, rank, created, job);
-        sess.units[unit].number = number;
-    }
-    sess.units[unit].number
-}
-
-/// What the victim order counts as gone from the queue with this unit: all its tasks a
-/// queue's allocation counts, not just those the next take evicts (KAI subtracts the popped or
-/// peeked job clone's `Allocated`: a pipelined pod counts nothing).
-pub fn victim_amount(sess: &Session, unit: usize) -> Amounts {
-    let (mut cpu, mut mem) = (0i64, 0i64);
-    let mut gpu = 0.0;
-    for &t in &sess.units[unit].tasks {
-        let task = &sess.tasks[t];
-        if task.status.queue_allocated() {
-            cpu += task.req.cpu_m;
-            mem += task.req.memory;
-            gpu += task.accepted_gpu;
-        }
-    }
-    [cpu as f64, mem as f64, gpu]
 }
 
 /// Tasks to evict next: one extra task of a podset above its minimum (with the other hosts of
