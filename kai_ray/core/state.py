@@ -421,23 +421,6 @@ class NodeScalars:
         self.dev_rel: list[list[int]] = [[] for _ in range(count)]
 
 
-class _Views:
-    """Memoryviews of the per-node arrays written one node at a time: a memoryview's item
-    write is about half the work of an ndarray's. The arrays are only ever written in place."""
-
-    __slots__ = ("rel_cpu", "rel_gpu", "rel_mem", "used_cpu", "used_gpu", "used_mem",
-                 "used_pods")
-
-    def __init__(self, sess: Session) -> None:
-        self.used_cpu = sess.used_cpu.data
-        self.rel_cpu = sess.rel_cpu.data
-        self.used_mem = sess.used_mem.data
-        self.rel_mem = sess.rel_mem.data
-        self.used_pods = sess.used_pods.data
-        self.used_gpu = sess.used_gpu.data
-        self.rel_gpu = sess.rel_gpu.data
-
-
 class _Load:
     """What loading the snapshot's pods collects on the way (see `Session._load_task`)."""
 
@@ -498,7 +481,6 @@ class Session:
         self.dev_used = np.zeros((count, width), dtype=np.int64)
         self.dev_rel = np.zeros((count, width), dtype=np.int64)
         self.dev_on = np.zeros((count, width), dtype=bool)
-        self.views = _Views(self)
         self.at = NodeScalars(self)
         self.undo: list[tuple[object, ...]] = []
         self.job_errors: dict[str, JobError] = {}
@@ -742,10 +724,10 @@ class Session:
                 rel -= 1
         if used != at.used_gpu[node]:
             at.used_gpu[node] = used
-            self.views.used_gpu[node] = used
+            self.used_gpu[node] = used
         if rel != at.rel_gpu[node]:
             at.rel_gpu[node] = rel
-            self.views.rel_gpu[node] = rel
+            self.rel_gpu[node] = rel
         if not devices:
             return
         used_row = [g.used for g in groups.values()]
@@ -837,14 +819,14 @@ class Session:
         if cpu:
             value = at.used_cpu[node] + cpu
             at.used_cpu[node] = value
-            self.views.used_cpu[node] = value
+            self.used_cpu[node] = value
         if memory:
             value = at.used_mem[node] + memory
             at.used_mem[node] = value
-            self.views.used_mem[node] = value
+            self.used_mem[node] = value
         value = at.used_pods[node] + pods
         at.used_pods[node] = value
-        self.views.used_pods[node] = value
+        self.used_pods[node] = value
 
     def _mark_releasing(self, task: Task, sign: int) -> None:
         node, req = task.node, task.req
@@ -854,11 +836,11 @@ class Session:
         if req.cpu_m:
             value = at.rel_cpu[node] + sign * req.cpu_m
             at.rel_cpu[node] = value
-            self.views.rel_cpu[node] = value
+            self.rel_cpu[node] = value
         if req.memory:
             value = at.rel_mem[node] + sign * req.memory
             at.rel_mem[node] = value
-            self.views.rel_mem[node] = value
+            self.rel_mem[node] = value
         if req.gpus:
             self.whole_rel[node] = self.whole_rel[node] + sign * req.gpus
         elif req.is_shared:
@@ -881,11 +863,11 @@ class Session:
         if cpu:
             value = at.rel_cpu[node] - cpu
             at.rel_cpu[node] = value
-            self.views.rel_cpu[node] = value
+            self.rel_cpu[node] = value
         if memory:
             value = at.rel_mem[node] - memory
             at.rel_mem[node] = value
-            self.views.rel_mem[node] = value
+            self.rel_mem[node] = value
         if req.gpus:
             self.whole_used[node] = self.whole_used[node] - sign * req.gpus
             self.whole_rel[node] = self.whole_rel[node] - sign * req.gpus
