@@ -153,8 +153,6 @@ class JobQueue(Generic[E]):
         self.untaken: list[E] = []
         self.reachable: dict[str, bool] = {}  # the queue tree is fixed within a session
         self.heaps: dict[str, list[tuple[int, int, E]]] = {} if heaps is None else heaps
-        # ids of discarded items still in a heap: dropped when they reach its top
-        self.dead: set[int] = set()
         self.seq = sum(len(heap) for heap in self.heaps.values())
         # the victim order is the job order reversed (heapq is a min-heap: numbers negated)
         sign = -1 if reverse else 1
@@ -169,7 +167,6 @@ class JobQueue(Generic[E]):
         """An independent copy (heap lists are copied, so the heap order is kept)."""
         other: JobQueue[E] = JobQueue(self.sess, (), self.reverse, self.simulation)
         other.heaps = {q: list(h) for q, h in self.heaps.items()}
-        other.dead = set(self.dead)
         other.seq = self.seq
         other.popped = dict(self.popped)
         other.untaken = list(self.untaken)
@@ -177,31 +174,9 @@ class JobQueue(Generic[E]):
         other.request_of = self.request_of
         return other
 
-    def discard(self, items: Iterable[E]) -> None:
-        """Take `items` out without a pass over the heaps (they go when they reach the top;
-        the heaps are compacted once they are half dead)."""
-        self.dead.update(id(item) for item in items)
-        if 2 * len(self.dead) > sum(len(heap) for heap in self.heaps.values()):
-            for heap in self.heaps.values():
-                heap[:] = [entry for entry in heap if id(entry[2]) not in self.dead]
-                heapify(heap)
-            self.dead = set()
-
-    def top_key(self) -> int | None:
-        """The key of the item a one-queue `pop` returns next (None when empty)."""
-        self._drop_dead_tops()
-        return next((heap[0][0] for heap in self.heaps.values() if heap), None)
-
     def live_queues(self) -> list[str]:
         """The queues that still hold an item."""
-        self._drop_dead_tops()
         return [name for name, heap in self.heaps.items() if heap]
-
-    def _drop_dead_tops(self) -> None:
-        # an id leaves `dead` with its item: once the item is gone, a new one may reuse it
-        for heap in self.heaps.values():
-            while heap and id(heap[0][2]) in self.dead:
-                self.dead.discard(id(heappop(heap)[2]))
 
     def push(self, item: E) -> None:
         number = item.order_number(self.sess)
@@ -257,15 +232,10 @@ class JobQueue(Generic[E]):
             name, heap = next(iter(self.heaps.items()))
             while heap and self._reachable(name):
                 item = heappop(heap)[2]
-                if self.dead and id(item) in self.dead:
-                    self.dead.discard(id(item))
-                    continue
                 if self.reverse:
                     self.untaken.append(item)
                 return item
             return None
-        if self.dead:
-            self._drop_dead_tops()
         nonempty = [name for name, heap in self.heaps.items() if heap]
         if not nonempty:
             return None
