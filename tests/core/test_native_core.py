@@ -203,6 +203,27 @@ def test_inputs_the_review_found() -> None:
         schedule(Snapshot(one, queue, (odd,)), SchedulerConfig(), 0.0, core="native")
 
 
+def test_a_victim_protected_by_an_earlier_preemption_is_not_taken_again() -> None:
+    """Two preemptors of one priority (one victim scope) and an elastic victim inside its
+    minimum runtime: the first takes the victim's extra pod, which leaves the victim at its
+    gang minimum and so protected; the second must not take its last pod. KAI filters the
+    victims afresh for every preemptor; the Rust core kept a scope's members fixed for the
+    action (found by the random clusters once the Python core stopped keeping them)."""
+    open_ = ResourceQuota(-1, -1, 1)
+    node = (Node("n0", 64000, 10**12, gpus=2),)
+    queue = (Queue("q", gpu=open_, cpu=open_, memory=open_),)
+    one = Request(cpu_m=100, gpus=1)
+    victim = Job("x", "q", 50, tuple(Pod(f"x{i}", one, status=PodStatus.RUNNING, node="n0")
+                                     for i in range(2)), min_member=1, last_start=0.0)
+    first = Job("p1", "q", 100, (Pod("p1-0", one),), created=1.0)
+    second = Job("p2", "q", 100, (Pod("p2-0", one),), created=2.0)
+    config = dataclasses.replace(SchedulerConfig(), default_preempt_min_runtime_s=5.0)
+    result = both(Snapshot(node, queue, (victim, first, second)), config, 1.0)
+    assert [e.pod for e in result.evictions] == ["x1"]
+    assert [p.pod for p in result.pipelined] == ["p1-0"]
+    assert result.pods["p2-0"].status == "Pending"
+
+
 def test_a_reclaim_decided_by_an_exact_ratio_tie() -> None:
     """Reclaim's saturation rule rejects when the reclaimer's parent, with the request, is as
     saturated as a sibling (`mine_ratio * mult >= sib_ratio`): here 3/2 against 6/4. Random

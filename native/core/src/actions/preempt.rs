@@ -26,17 +26,16 @@ impl Rules for Preempt<'_> {
     }
 
     fn candidates(&self, sess: &mut Session) -> Vec<usize> {
-        let priority = sess.jobs[self.job].priority;
-        self.in_queue
-            .iter()
-            .copied()
-            .filter(|&v| {
-                v != self.job
-                    && sess.jobs[v].preemptible
-                    && sess.jobs[v].priority < priority
-                    && !protected(sess, v, Kind::Preempt)
-            })
-            .collect()
+        self.in_queue.iter().copied().filter(|&v| self.is_candidate(sess, v)).collect()
+    }
+
+    fn is_candidate(&self, sess: &Session, v: usize) -> bool {
+        let (preemptor, victim) = (&sess.jobs[self.job], &sess.jobs[v]);
+        v != self.job
+            && victim.queue_key == preemptor.queue_key
+            && victim.preemptible
+            && victim.priority < preemptor.priority
+            && !protected(sess, v, Kind::Preempt)
     }
 
     fn validate(&self, _sess: &Session, _evicted: &[usize], _moved: &[usize]) -> bool {

@@ -206,16 +206,15 @@ impl Rules for Reclaim {
     }
 
     fn candidates(&self, sess: &mut Session) -> Vec<usize> {
-        let own = sess.jobs[self.job].queue_key;
-        (0..sess.jobs.len())
-            .filter(|&v| {
-                let js = &sess.jobs[v];
-                js.preemptible
-                    && js.queue_key != own
-                    && js.queue_id.is_some()
-                    && !protected(sess, v, Kind::Reclaim)
-            })
-            .collect()
+        (0..sess.jobs.len()).filter(|&v| self.is_candidate(sess, v)).collect()
+    }
+
+    fn is_candidate(&self, sess: &Session, v: usize) -> bool {
+        let js = &sess.jobs[v];
+        js.preemptible
+            && js.queue_key != sess.jobs[self.job].queue_key
+            && js.queue_id.is_some()
+            && !protected(sess, v, Kind::Reclaim)
     }
 
     fn validate(&self, sess: &Session, evicted: &[usize], moved: &[usize]) -> bool {

@@ -36,6 +36,8 @@ pub trait Rules {
     fn message(&self) -> EvictMessage;
     /// the candidate victim jobs
     fn candidates(&self, sess: &mut Session) -> Vec<usize>;
+    /// whether job `v` is one of them now (a scope's rules: the same for every job of it)
+    fn is_candidate(&self, sess: &Session, v: usize) -> bool;
     /// whether the scenario is accepted. A rejection takes no queue's jobs out of the search:
     /// KAI goes on adding victims, and a later scenario may keep or move the rejected ones
     /// rather than evict them (fuzzer seed 43)
@@ -155,12 +157,18 @@ impl FailedJobs {
 }
 
 /// One scope's victim units, their victim-order queue and what they would free together,
-/// updated job by job (candidate membership is fixed within an action).
+/// updated job by job. A job's membership can change within an action only when the job
+/// changes (its min-runtime protection depends on its running pods, an elastic job's on
+/// whether it is above its minimum), so the jobs changed since are asked again (`pending`)
+/// when the scope is next used, with its own rules: KAI filters the victims afresh for every
+/// preemptor.
 struct ScopeVictims {
     units: FxHashMap<usize, usize>,
     members: FxHashSet<usize>,
     freed: Freed,
     queue: JobQueue,
+    /// jobs changed since the membership was last checked, in the order first seen
+    pending: Vec<usize>,
 }
 
 impl ScopeVictims {
@@ -170,6 +178,7 @@ impl ScopeVictims {
             members: jobs.iter().copied().collect(),
             freed: Freed::default(),
             queue: JobQueue::prebuilt(Items::Units, true, Vec::new()),
+            pending: Vec::new(),
         };
         let mut entries = Vec::new();
         for &job in jobs {
@@ -225,6 +234,29 @@ impl ScopeVictims {
             }
         }
     }
+
+    /// `update` for jobs whose membership changed: their old units out, a unit for each of
+    /// them that is a member now.
+    fn update_members(&mut self, sess: &mut Session, jobs: &[usize]) {
+        let mut gone = Vec::new();
+        for &job in jobs {
+            if let Some(old) = self.units.remove(&job) {
+                gone.push(old);
+                for i in 0..sess.units[old].tasks.len() {
+                    let t = sess.units[old].tasks[i];
+                    self.freed.add(sess, t, -1);
+                }
+            }
+        }
+        self.queue.discard(&gone);
+        for &job in jobs {
+            if self.members.contains(&job) {
+                if let Some(unit) = self.add(sess, job) {
+                    self.queue.push(sess, unit);
+                }
+            }
+        }
+    }
 }
 
 /// Victim candidates and free GPUs for one action run. A job that fails rolls the session back;
@@ -244,9 +276,30 @@ pub struct VictimCache {
     /// scope None: this attempt's victims (rebuilt every time)
     loose_freed: Option<AllFreed>,
     loose_queue: Option<JobQueue>,
+    /// the nodes with idle or releasing GPUs (`gpu_feasible`) as of an undo-log length: every
+    /// job of an action that fails leaves the state as it found it
+    gpu_feasible: Option<(usize, Vec<bool>, Vec<usize>)>,
 }
 
 impl VictimCache {
+    /// KAI's FeasibleNodesForJob (feasible_nodes.go) for a job all of whose pods ask for a
+    /// GPU, the nodes a victim scenario may place on before its victims' nodes are added: those
+    /// whose idle or whose releasing GPU sum (`gpu_sums_at`) is above 0, as a mask and in node
+    /// order; worked out again only once the state changed.
+    fn update_gpu_feasible(&mut self, sess: &Session) {
+        let now = sess.undo.len();
+        if self.gpu_feasible.as_ref().is_none_or(|(version, _, _)| *version != now) {
+            let mask: Vec<bool> = (0..sess.nodes.len())
+                .map(|n| {
+                    let (idle, releasing) = gpu_sums_at(sess, n);
+                    idle > 0 || releasing > 0
+                })
+                .collect();
+            let list = (0..mask.len()).filter(|&n| mask[n]).collect();
+            self.gpu_feasible = Some((now, mask, list));
+        }
+    }
+
     fn all_enough(&mut self, sess: &mut Session, scope: Scope, prefix: &[usize]) -> bool {
         let (whole, fractions) = needs(sess, prefix);
         let Some(key) = scope else {
@@ -301,13 +354,16 @@ impl VictimCache {
                     let nodes = changed_nodes(sess, version, &jobs);
                     touched = jobs.clone();
                     for key in self.scope_order.clone() {
-                        let scope_jobs: Vec<usize> = jobs
-                            .iter()
-                            .copied()
-                            .filter(|j| self.scopes[&key].members.contains(j))
-                            .collect();
+                        let scope = self.scopes.get_mut(&key).expect("scope");
+                        let scope_jobs: Vec<usize> =
+                            jobs.iter().copied().filter(|j| scope.members.contains(j)).collect();
                         if !scope_jobs.is_empty() {
-                            self.scopes.get_mut(&key).expect("scope").update(sess, &scope_jobs);
+                            scope.update(sess, &scope_jobs);
+                        }
+                        for &job in &jobs {
+                            if !scope.pending.contains(&job) {
+                                scope.pending.push(job);
+                            }
                         }
                     }
                     for (key, all_freed) in self.all_freed.iter_mut() {
@@ -357,11 +413,57 @@ impl VictimCache {
             slot.insert(ScopeVictims::new(sess, &candidates));
             self.scope_order.push(key);
         }
+        self.recheck_members(sess, key, rules);
         if !self.all_freed.contains_key(&key) {
             let free = self.free.as_ref().expect("free");
             let mut view = free.with_freed(sess, &self.scopes[&key].freed);
             self.all_freed.insert(key, AllFreed::new(sess, &mut view));
         }
+    }
+
+    /// Ask the scope's rules again about the jobs changed since its membership was last
+    /// checked; a job that joins or leaves changes the scope's units, what they free (counted
+    /// again on its nodes) and its victim stream (made afresh when next read).
+    fn recheck_members(&mut self, sess: &mut Session, key: (usize, i64), rules: &dyn Rules) {
+        let scope = self.scopes.get_mut(&key).expect("scope");
+        if scope.pending.is_empty() {
+            return;
+        }
+        let pending = std::mem::take(&mut scope.pending);
+        let (mut joined, mut left) = (Vec::new(), Vec::new());
+        for job in pending {
+            let now = rules.is_candidate(sess, job);
+            if now != scope.members.contains(&job) {
+                if now {
+                    joined.push(job)
+                } else {
+                    left.push(job)
+                }
+            }
+        }
+        if joined.is_empty() && left.is_empty() {
+            return;
+        }
+        for &job in &left {
+            scope.members.remove(&job);
+        }
+        // `update` takes out the leaving jobs' units and adds the members' (joining ones too)
+        let changed: Vec<usize> = joined.iter().chain(&left).copied().collect();
+        scope.members.extend(joined.iter().copied());
+        scope.update_members(sess, &changed);
+        let mut nodes: Vec<i32> = changed
+            .iter()
+            .flat_map(|&job| sess.jobs[job].tasks.iter().map(|&t| sess.tasks[t].node))
+            .filter(|&n| n >= 0)
+            .collect();
+        nodes.sort_unstable();
+        nodes.dedup();
+        if let Some(all_freed) = self.all_freed.get_mut(&key) {
+            all_freed.refresh(sess, &self.scopes[&key].freed, &nodes);
+        }
+        self.streams.remove(&key);
+        self.touched.remove(&key);
+        self.enough_all.retain(|k, _| k.0 != key);
     }
 
     fn victim_queue(&self, scope: Scope) -> &JobQueue {
@@ -427,13 +529,14 @@ pub struct Solver<'a> {
     rules: &'a dyn Rules,
     scope: Scope,
     recorded: RecordedFreed,
-    /// the job's feasible nodes (`feasible_nodes`; None: every node)
-    feasible: Option<Vec<bool>>,
+    /// whether the job's feasible nodes are the nodes with GPU room (`feasible_nodes`; false:
+    /// every node)
+    gpu_only: bool,
 }
 
 impl<'a> Solver<'a> {
     pub fn new(rules: &'a dyn Rules, scope: Scope) -> Solver<'a> {
-        Solver { rules, scope, recorded: RecordedFreed::default(), feasible: None }
+        Solver { rules, scope, recorded: RecordedFreed::default(), gpu_only: false }
     }
 
     /// Try to make room for `job`; on success the winning scenario stays applied.
@@ -451,7 +554,11 @@ impl<'a> Solver<'a> {
         if !cache.all_enough(sess, self.scope, &tasks) {
             return false;
         }
-        self.feasible = feasible_nodes(sess, job);
+        self.gpu_only = sess.jobs[job].tasks.iter().all(|&t| sess.tasks[t].req.wants_gpu());
+        if self.gpu_only {
+            // as of this state, which every prefix and scenario starts from
+            cache.update_gpu_feasible(sess);
+        }
         let mut recorded: Vec<Vec<usize>> = Vec::new();
         let mut actual: Vec<usize> = Vec::new(); // what the last prefix's scenario evicted or moved
         self.recorded = RecordedFreed::default();
@@ -502,7 +609,7 @@ impl<'a> Solver<'a> {
         let mut recorded_only =
             !recorded.is_empty() && room.enough(sess, cache.free.as_mut().expect("free"));
         if recorded_only {
-            let nodes = self.nodes(sess, actual, &[]);
+            let nodes = self.nodes(sess, &*cache, actual, &[]);
             if let Some(result) = self.try_scenario(sess, job, prefix, recorded, nodes) {
                 let hit = groups_hit(&result, groups.iter().map(|g| &g[..]));
                 return Some((hit, result));
@@ -612,7 +719,7 @@ impl<'a> Solver<'a> {
                 if !room.enough_with(sess, cache.free.as_mut().expect("free"), &scenario) {
                     continue;
                 }
-                let nodes = self.nodes(sess, actual, &scenario[recorded.len()..]);
+                let nodes = self.nodes(sess, &*cache, actual, &scenario[recorded.len()..]);
                 if let Some(result) = self.try_scenario(sess, job, prefix, &scenario, nodes) {
                     // the takes in the scenario: a take is of one job, so whole or not at all
                     let starts = std::iter::once(0).chain(taken_ends.iter().copied());
@@ -633,14 +740,44 @@ impl<'a> Solver<'a> {
     /// A scenario's nodes (KAI's byPodSolver feasibleNodes): the job's feasible nodes, those
     /// of the previous prefix's victims and those of the scenario's potential victims; None:
     /// every node.
-    fn nodes(&self, sess: &Session, actual: &[usize], added: &[usize]) -> Option<Vec<usize>> {
-        let mut nodes = self.feasible.clone()?;
-        for &t in actual.iter().chain(added) {
-            if sess.tasks[t].node >= 0 {
-                nodes[sess.tasks[t].node as usize] = true;
+    /// A scenario's nodes in node order (KAI's byPodSolver feasibleNodes): the job's feasible
+    /// nodes, those of the previous prefix's victims and those of the scenario's potential
+    /// victims; None: every node.
+    fn nodes(
+        &self,
+        sess: &Session,
+        cache: &VictimCache,
+        actual: &[usize],
+        added: &[usize],
+    ) -> Option<Vec<usize>> {
+        if !self.gpu_only {
+            return None;
+        }
+        let (_, mask, feasible) = cache.gpu_feasible.as_ref().expect("made by `solve`");
+        let mut extra: Vec<usize> = actual
+            .iter()
+            .chain(added)
+            .map(|&t| sess.tasks[t].node)
+            .filter(|&n| n >= 0 && !mask[n as usize])
+            .map(|n| n as usize)
+            .collect();
+        if extra.is_empty() {
+            return Some(feasible.to_vec());
+        }
+        extra.sort_unstable();
+        extra.dedup();
+        let mut out = Vec::with_capacity(feasible.len() + extra.len());
+        let (mut i, mut j) = (0, 0);
+        while i < feasible.len() || j < extra.len() {
+            if j >= extra.len() || (i < feasible.len() && feasible[i] < extra[j]) {
+                out.push(feasible[i]);
+                i += 1;
+            } else {
+                out.push(extra[j]);
+                j += 1;
             }
         }
-        Some((0..nodes.len()).filter(|&n| nodes[n]).collect())
+        Some(out)
     }
 
     fn try_scenario(
@@ -739,23 +876,6 @@ pub fn gpu_sums_at(sess: &Session, n: usize) -> (i64, i64) {
         }
     }
     (idle, releasing)
-}
-
-/// KAI's FeasibleNodesForJob (feasible_nodes.go), the nodes a victim scenario may place on
-/// before its victims' nodes are added: for a job all of whose pods ask for a GPU, those whose
-/// idle or whose releasing GPU sum is above 0; else None (every node).
-fn feasible_nodes(sess: &Session, job: usize) -> Option<Vec<bool>> {
-    if !sess.jobs[job].tasks.iter().all(|&t| sess.tasks[t].req.wants_gpu()) {
-        return None;
-    }
-    Some(
-        (0..sess.nodes.len())
-            .map(|n| {
-                let (idle, releasing) = gpu_sums_at(sess, n);
-                idle > 0 || releasing > 0
-            })
-            .collect(),
-    )
 }
 
 /// The groups holding one of `victims` (the pods a scenario evicted or moved): what KAI records
