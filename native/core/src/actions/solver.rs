@@ -212,13 +212,13 @@ impl ScopeVictims {
         unit
     }
 
+    /// The units of `jobs` (changed since, or joining or leaving the scope): the old ones out,
+    /// a new one for each job that is a member now.
     fn update(&mut self, sess: &mut Session, jobs: &[usize]) {
         let mut gone = Vec::new();
         let mut seen: FxHashSet<usize> = FxHashSet::default();
-        for &job in jobs {
-            if !seen.insert(job) {
-                continue;
-            }
+        let jobs: Vec<usize> = jobs.iter().copied().filter(|&job| seen.insert(job)).collect();
+        for &job in &jobs {
             if let Some(old) = self.units.remove(&job) {
                 gone.push(old);
                 for i in 0..sess.units[old].tasks.len() {
@@ -228,28 +228,7 @@ impl ScopeVictims {
             }
         }
         self.queue.discard(&gone);
-        for &job in jobs {
-            if let Some(unit) = self.add(sess, job) {
-                self.queue.push(sess, unit);
-            }
-        }
-    }
-
-    /// `update` for jobs whose membership changed: their old units out, a unit for each of
-    /// them that is a member now.
-    fn update_members(&mut self, sess: &mut Session, jobs: &[usize]) {
-        let mut gone = Vec::new();
-        for &job in jobs {
-            if let Some(old) = self.units.remove(&job) {
-                gone.push(old);
-                for i in 0..sess.units[old].tasks.len() {
-                    let t = sess.units[old].tasks[i];
-                    self.freed.add(sess, t, -1);
-                }
-            }
-        }
-        self.queue.discard(&gone);
-        for &job in jobs {
+        for &job in &jobs {
             if self.members.contains(&job) {
                 if let Some(unit) = self.add(sess, job) {
                     self.queue.push(sess, unit);
@@ -447,10 +426,9 @@ impl VictimCache {
         for &job in &left {
             scope.members.remove(&job);
         }
-        // `update` takes out the leaving jobs' units and adds the members' (joining ones too)
         let changed: Vec<usize> = joined.iter().chain(&left).copied().collect();
         scope.members.extend(joined.iter().copied());
-        scope.update_members(sess, &changed);
+        scope.update(sess, &changed);
         let mut nodes: Vec<i32> = changed
             .iter()
             .flat_map(|&job| sess.jobs[job].tasks.iter().map(|&t| sess.tasks[t].node))
