@@ -143,8 +143,9 @@ def test_same_decisions_with_many_candidate_nodes(seed, half_used):
 
 def test_a_rolled_back_placement_does_not_steer_the_next():
     """After a rollback the session is as it was: here node-0 becomes the fuller node, and the
-    next pod must go there, not to node-1 where the rolled-back pod went (a binpack carry-over
-    keyed by the undo log's length would get this wrong: the length is the same)."""
+    next pod must go there, not to node-1 where the rolled-back pod went. The Python core's own
+    session; the Rust core's binpack carry-over, keyed by the undo log's length (the same here),
+    is not reached by this test: only the whole-cycle comparisons cover it."""
     from kai_ray.core.actions.common import place_tasks
     from kai_ray.core.model import Job, Node, Pod, Queue, Request
     from kai_ray.sim.synthetic import OPEN

@@ -124,8 +124,7 @@ class GpuRoom:
 
 def _largest_first(places: list[int], needs: list[int]) -> bool:
     """Whether `needs` (largest first) each fit into the roomiest of `places` left."""
-    # a scan for the roomiest per need: a few dozen places at most, and no call per step (a
-    # heap's pop and push are calls into the heapq module)
+    # a scan for the roomiest place per need (ties: any, only the amounts matter)
     rooms = [v for v in places if v > 0]
     for need in needs:
         at, most = -1, 0

@@ -438,7 +438,7 @@ pub fn fits_node(sess: &mut Session, task: usize, node: i32) -> (bool, bool) {
 /// memory fit on idle resources and, per device it asks, there is an idle whole GPU or a shared
 /// device it fits on with the releasing room counted (fractionTaskGpusAllocatableDeviceCount).
 /// Placing it on idle resources counts only a device's idle room
-/// (kai_ray/core/placement.py `available_on`).
+/// (kai_ray/core/placement.py `_available`, over every node at once).
 fn available_on(sess: &Session, task: usize, node: i32) -> bool {
     let n = node as usize;
     let req = &sess.tasks[task].req;
@@ -727,7 +727,6 @@ fn choose_filtered(
             let reasons = if explain { feasible(sess, task, true).2 } else { Vec::new() };
             return (None, reasons);
         }
-        fitting.sort_unstable();
         if let Some(choice) = policy_choice(sess, task) {
             return (Some(choice), Vec::new());
         }

@@ -37,9 +37,8 @@ impl Rules for Consolidation {
         out
     }
 
-    fn is_candidate(&self, sess: &Session, v: usize) -> bool {
-        // never asked: consolidation keeps no scope (its candidates are made per job)
-        v != self.job && sess.jobs[v].preemptible && sess.active_count(v) > 0
+    fn is_candidate(&self, _sess: &Session, _v: usize) -> bool {
+        unreachable!("consolidation keeps no victim scope: its candidates are made per job")
     }
 
     fn validate(&self, _sess: &Session, evicted: &[usize], _moved: &[usize]) -> bool {

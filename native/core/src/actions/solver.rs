@@ -167,7 +167,8 @@ struct ScopeVictims {
     members: FxHashSet<usize>,
     freed: Freed,
     queue: JobQueue,
-    /// jobs changed since the membership was last checked, in the order first seen
+    /// jobs changed since the membership was last checked (repeats allowed: deduplicated when
+    /// checked, so a scope left unused costs a push per change)
     pending: Vec<usize>,
 }
 
@@ -339,11 +340,7 @@ impl VictimCache {
                         if !scope_jobs.is_empty() {
                             scope.update(sess, &scope_jobs);
                         }
-                        for &job in &jobs {
-                            if !scope.pending.contains(&job) {
-                                scope.pending.push(job);
-                            }
-                        }
+                        scope.pending.extend(jobs.iter().copied());
                     }
                     for (key, all_freed) in self.all_freed.iter_mut() {
                         all_freed.refresh(sess, &self.scopes[key].freed, &nodes);
@@ -408,7 +405,9 @@ impl VictimCache {
         if scope.pending.is_empty() {
             return;
         }
-        let pending = std::mem::take(&mut scope.pending);
+        let mut pending = std::mem::take(&mut scope.pending);
+        pending.sort_unstable();
+        pending.dedup();
         let (mut joined, mut left) = (Vec::new(), Vec::new());
         for job in pending {
             let now = rules.is_candidate(sess, job);
@@ -507,8 +506,8 @@ pub struct Solver<'a> {
     rules: &'a dyn Rules,
     scope: Scope,
     recorded: RecordedFreed,
-    /// whether the job's feasible nodes are the nodes with GPU room (`feasible_nodes`; false:
-    /// every node)
+    /// whether the job's feasible nodes are the nodes with GPU room (every pod of it asks for
+    /// a GPU: `VictimCache::update_gpu_feasible`); false: every node
     gpu_only: bool,
 }
 
@@ -713,11 +712,6 @@ impl<'a> Solver<'a> {
         None
     }
 
-    /// Simulate one scenario. On success the state stays applied and the victims that matter
-    /// (evicted or moved) are returned.
-    /// A scenario's nodes (KAI's byPodSolver feasibleNodes): the job's feasible nodes, those
-    /// of the previous prefix's victims and those of the scenario's potential victims; None:
-    /// every node.
     /// A scenario's nodes in node order (KAI's byPodSolver feasibleNodes): the job's feasible
     /// nodes, those of the previous prefix's victims and those of the scenario's potential
     /// victims; None: every node.
@@ -758,6 +752,8 @@ impl<'a> Solver<'a> {
         Some(out)
     }
 
+    /// Simulate one scenario. On success the state stays applied and the victims that matter
+    /// (evicted or moved) are returned.
     fn try_scenario(
         &mut self,
         sess: &mut Session,
