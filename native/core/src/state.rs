@@ -349,6 +349,9 @@ pub struct Session {
     pub dev_width: usize,
     pub dev_slots: Vec<i64>,
     pub slots_log: Vec<u32>,
+    /// every node whose GPU counts were recounted (`refresh_gpu`), in turn, undo included:
+    /// a reader that remembers how far it read looks again only at the nodes after that
+    pub gpu_log: Vec<u32>,
     /// what other modules derive once per session, under their own types: the jobs with a
     /// pending task per leaf queue in job order (ordering.rs `PendingOrder`), the packing
     /// policies' typical shapes and scores (packing.rs `Memo`)
@@ -546,6 +549,7 @@ impl Session {
             dev_width: 1,
             dev_slots: vec![0; count],
             slots_log: Vec::new(),
+            gpu_log: Vec::new(),
             scratch: Scratch::default(),
         };
         sess.dev_width = sess.cap_gpu.iter().copied().max().unwrap_or(1).max(1) as usize;
@@ -1083,6 +1087,7 @@ impl Session {
         self.used_gpu[n] = used;
         self.rel_gpu[n] = rel;
         self.node_ver[n] += 1;
+        self.gpu_log.push(n as u32);
         if self.config.gpu_packing == GpuPacking::Lookahead {
             let slots = self.slot_count(n);
             if slots != self.dev_slots[n] {

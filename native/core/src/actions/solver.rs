@@ -256,27 +256,48 @@ pub struct VictimCache {
     /// scope None: this attempt's victims (rebuilt every time)
     loose_freed: Option<AllFreed>,
     loose_queue: Option<JobQueue>,
-    /// the nodes with idle or releasing GPUs (`gpu_feasible`) as of an undo-log length: every
-    /// job of an action that fails leaves the state as it found it
-    gpu_feasible: Option<(usize, Vec<bool>, Vec<usize>)>,
+    /// the nodes with idle or releasing GPUs (`update_gpu_feasible`)
+    gpu_feasible: Option<GpuFeasible>,
+}
+
+/// The nodes with idle or releasing GPUs, as of `Session::gpu_log` read up to `read`.
+struct GpuFeasible {
+    read: usize,
+    mask: Vec<bool>,
+    /// the nodes of `mask`, in node order
+    list: Vec<usize>,
 }
 
 impl VictimCache {
     /// KAI's FeasibleNodesForJob (feasible_nodes.go) for a job all of whose pods ask for a
     /// GPU, the nodes a victim scenario may place on before its victims' nodes are added: those
     /// whose idle or whose releasing GPU sum (`gpu_sums_at`) is above 0, as a mask and in node
-    /// order; worked out again only once the state changed.
+    /// order; only the nodes recounted since (`Session::gpu_log`) are worked out again.
     fn update_gpu_feasible(&mut self, sess: &Session) {
-        let now = sess.undo.len();
-        if self.gpu_feasible.as_ref().is_none_or(|(version, _, _)| *version != now) {
-            let mask: Vec<bool> = (0..sess.nodes.len())
-                .map(|n| {
-                    let (idle, releasing) = gpu_sums_at(sess, n);
-                    idle > 0 || releasing > 0
-                })
-                .collect();
-            let list = (0..mask.len()).filter(|&n| mask[n]).collect();
-            self.gpu_feasible = Some((now, mask, list));
+        let feasible = |n: usize| {
+            let (idle, releasing) = gpu_sums_at(sess, n);
+            idle > 0 || releasing > 0
+        };
+        let read = sess.gpu_log.len();
+        match &mut self.gpu_feasible {
+            Some(known) if known.read == read => {}
+            Some(known) => {
+                let mut changed = false;
+                for &n in &sess.gpu_log[known.read..] {
+                    let now = feasible(n as usize);
+                    changed |= known.mask[n as usize] != now;
+                    known.mask[n as usize] = now;
+                }
+                if changed {
+                    known.list = (0..known.mask.len()).filter(|&n| known.mask[n]).collect();
+                }
+                known.read = read;
+            }
+            None => {
+                let mask: Vec<bool> = (0..sess.nodes.len()).map(feasible).collect();
+                let list = (0..mask.len()).filter(|&n| mask[n]).collect();
+                self.gpu_feasible = Some(GpuFeasible { read, mask, list });
+            }
         }
     }
 
@@ -626,7 +647,8 @@ impl<'a> Solver<'a> {
         // the potential victims, take after take (`taken_ends` closes each)
         let mut potential: Vec<usize> = Vec::new();
         let mut taken_ends: Vec<usize> = Vec::new();
-        let mut jobs_on: Option<FxHashMap<i32, FxHashSet<usize>>> = None;
+        // (a node holds the pods of a few jobs: a short list is cheaper to fill than a set)
+        let mut jobs_on: Option<FxHashMap<i32, Vec<usize>>> = None;
         loop {
             let item = match &mut source {
                 Source::Stream(read) => {
@@ -646,9 +668,9 @@ impl<'a> Solver<'a> {
                 continue;
             }
             let jobs_on = jobs_on.get_or_insert_with(|| {
-                let mut by_node: FxHashMap<i32, FxHashSet<usize>> = FxHashMap::default();
+                let mut by_node: FxHashMap<i32, Vec<usize>> = FxHashMap::default();
                 for &t in &quiet_batch.tasks {
-                    by_node.entry(sess.tasks[t].node).or_default().insert(sess.tasks[t].job);
+                    add_job(by_node.entry(sess.tasks[t].node).or_default(), sess.tasks[t].job);
                 }
                 potential.extend_from_slice(&quiet_batch.tasks);
                 taken_ends.extend_from_slice(&quiet_batch.ends);
@@ -658,7 +680,7 @@ impl<'a> Solver<'a> {
                 let free = cache.free.as_mut().expect("free");
                 for g in takes.groups() {
                     for &t in g {
-                        jobs_on.entry(sess.tasks[t].node).or_default().insert(sess.tasks[t].job);
+                        add_job(jobs_on.entry(sess.tasks[t].node).or_default(), sess.tasks[t].job);
                         room.add_victim(sess, free, t);
                     }
                     potential.extend_from_slice(g);
@@ -681,7 +703,7 @@ impl<'a> Solver<'a> {
                 .collect();
             nodes.sort_unstable();
             nodes.dedup();
-            let none = FxHashSet::default();
+            let none = Vec::new();
             for node in nodes {
                 let on_node = jobs_on.get(&node).unwrap_or(&none);
                 let mut scenario = recorded.to_vec();
@@ -725,7 +747,8 @@ impl<'a> Solver<'a> {
         if !self.gpu_only {
             return None;
         }
-        let (_, mask, feasible) = cache.gpu_feasible.as_ref().expect("made by `solve`");
+        let known = cache.gpu_feasible.as_ref().expect("made by `solve`");
+        let (mask, feasible) = (&known.mask, &known.list);
         let mut extra: Vec<usize> = actual
             .iter()
             .chain(added)
@@ -850,6 +873,12 @@ pub fn gpu_sums_at(sess: &Session, n: usize) -> (i64, i64) {
         }
     }
     (idle, releasing)
+}
+
+fn add_job(jobs: &mut Vec<usize>, job: usize) {
+    if !jobs.contains(&job) {
+        jobs.push(job);
+    }
 }
 
 /// The groups holding one of `victims` (the pods a scenario evicted or moved): what KAI records
