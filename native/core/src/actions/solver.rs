@@ -250,7 +250,8 @@ pub struct VictimCache {
     scope_order: Vec<(usize, i64)>,
     all_freed: FxHashMap<(usize, i64), AllFreed>,
     streams: FxHashMap<(usize, i64), VictimStream>,
-    /// per stream, jobs changed since it was built (in the order first seen)
+    /// per stream, jobs changed since it was built (repeats allowed: `touched_since` keeps
+    /// the first of each, so a stream left unread costs a push per change)
     touched: FxHashMap<(usize, i64), Vec<usize>>,
     enough_all: FxHashMap<EnoughKey, bool>,
     /// scope None: this attempt's victims (rebuilt every time)
@@ -321,7 +322,7 @@ impl VictimCache {
         if !self.scopes.contains_key(&key) || self.free.is_none() {
             return false;
         }
-        let touched = self.touched.remove(&key);
+        let touched = self.touched.remove(&key).map(first_of_each);
         let mut keep = self.streams.contains_key(&key);
         if keep {
             if let Some(touched) = touched {
@@ -381,12 +382,7 @@ impl VictimCache {
             // streams are carried over when next used, with every job touched since
             let keys: Vec<(usize, i64)> = self.streams.keys().copied().collect();
             for key in keys {
-                let list = self.touched.entry(key).or_default();
-                for &job in &touched {
-                    if !list.contains(&job) {
-                        list.push(job);
-                    }
-                }
+                self.touched.entry(key).or_default().extend_from_slice(&touched);
             }
         }
         let Some(key) = scope else {
@@ -873,6 +869,12 @@ pub fn gpu_sums_at(sess: &Session, n: usize) -> (i64, i64) {
         }
     }
     (idle, releasing)
+}
+
+/// `jobs` in the order first seen, each once.
+fn first_of_each(jobs: Vec<usize>) -> Vec<usize> {
+    let mut seen: FxHashSet<usize> = FxHashSet::default();
+    jobs.into_iter().filter(|&job| seen.insert(job)).collect()
 }
 
 fn add_job(jobs: &mut Vec<usize>, job: usize) {
