@@ -337,8 +337,8 @@ pub struct Session {
     widest: Option<i32>,
     name_rank: Option<FxHashMap<usize, i64>>,
     order_ranks: Option<OrderRanks>,
-    /// each job's victim unit as of its last change (actions/victims.rs), kept for the session
-    pub victim_units: FxHashMap<usize, (u64, Option<usize>)>,
+    /// by job, its victim unit as of its last change (actions/victims.rs), kept for the session
+    pub victim_units: Vec<Option<(u64, Option<usize>)>>,
     pub units: Vec<VictimUnit>,
     /// bumped on every change to a node's usage (and its undo): the packing policies keep a
     /// node's score until it changes
@@ -543,7 +543,7 @@ impl Session {
             widest: None,
             name_rank: None,
             order_ranks: None,
-            victim_units: FxHashMap::default(),
+            victim_units: Vec::new(),
             units: Vec::new(),
             node_ver: vec![0; count],
             dev_width: 1,

@@ -195,11 +195,14 @@ impl ScopeVictims {
     /// The job's unit as of its last change (kept for the session, shared by every scope).
     fn add(&mut self, sess: &mut Session, job: usize) -> Option<usize> {
         let changes = sess.jobs[job].changes;
-        let unit = match sess.victim_units.get(&job) {
-            Some(&(at, unit)) if at == changes => unit,
+        let unit = match sess.victim_units.get(job) {
+            Some(&Some((at, unit))) if at == changes => unit,
             _ => {
                 let unit = unit_of(sess, job);
-                sess.victim_units.insert(job, (changes, unit));
+                if sess.victim_units.len() < sess.jobs.len() {
+                    sess.victim_units.resize(sess.jobs.len(), None);
+                }
+                sess.victim_units[job] = Some((changes, unit));
                 unit
             }
         };
