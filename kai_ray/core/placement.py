@@ -96,8 +96,8 @@ def _shared_candidates(sess: Session, task: Task, node: int) -> tuple[list[Group
     cost = sess.device_cost(task.req, node)
     fitting = [g for g in sess.groups[node].values()
                if MILLI - g.used + g.releasing - cost >= 0 and g.releasing < g.used]
-    idle_whole = sess.at.cap_gpu[node] - sess.at.used_gpu[node]
-    rel_whole = sess.at.rel_gpu[node]
+    idle_whole = int(sess.cap_gpu[node] - sess.used_gpu[node])
+    rel_whole = int(sess.rel_gpu[node])
     return fitting, idle_whole, rel_whole
 
 

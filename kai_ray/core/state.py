@@ -393,34 +393,6 @@ def leq(a: Sequence[float], b: Sequence[float]) -> bool:
     return True
 
 
-class NodeScalars:
-    """Python-list copies of the per-node arrays, for reading and writing one node at a time:
-    a numpy item read makes a numpy scalar (several hundred instructions, about a tenth of a
-    cycle went to them), a list item read does not. The arrays stay, for passes over every
-    node, and are written alongside (`Session` keeps both the same; tests check it)."""
-
-    def __init__(self, sess: Session) -> None:
-        self.schedulable: list[bool] = sess.schedulable.tolist()
-        self.cap_cpu: list[int] = sess.cap_cpu.tolist()
-        self.cap_mem: list[int] = sess.cap_mem.tolist()
-        self.cap_gpu: list[int] = sess.cap_gpu.tolist()
-        self.max_pods: list[int] = sess.max_pods.tolist()
-        self.gpu_mem: list[int] = sess.gpu_mem.tolist()
-        self.gpu_mem_synced: list[bool] = sess.gpu_mem_synced.tolist()
-        count = len(self.cap_cpu)
-        self.used_cpu = [0] * count
-        self.rel_cpu = [0] * count
-        self.used_mem = [0] * count
-        self.rel_mem = [0] * count
-        self.used_pods = [0] * count
-        self.used_gpu = [0] * count
-        self.rel_gpu = [0] * count
-        # each node's shared devices as the device arrays hold them (slot order), used and
-        # releasing milli: only the slots that change are written to the arrays
-        self.dev_used: list[list[int]] = [[] for _ in range(count)]
-        self.dev_rel: list[list[int]] = [[] for _ in range(count)]
-
-
 class _Load:
     """What loading the snapshot's pods collects on the way (see `Session._load_task`)."""
 
@@ -481,7 +453,6 @@ class Session:
         self.dev_used = np.zeros((count, width), dtype=np.int64)
         self.dev_rel = np.zeros((count, width), dtype=np.int64)
         self.dev_on = np.zeros((count, width), dtype=bool)
-        self.at = NodeScalars(self)
         self.undo: list[tuple[object, ...]] = []
         self.job_errors: dict[str, JobError] = {}
         # the only nodes placement may use while set, in node order (a victim scenario's)
@@ -617,19 +588,17 @@ class Session:
         return path
 
     def _load_task(self, task: Task, load: _Load) -> None:
-        """A snapshot's pod on its node and in its queue's numbers. Node usage is summed in
-        the lists (the arrays are written once, GPU nodes recounted once: `_finish_load`),
-        not pod by pod as `_place_resources` does."""
-        at = self.at
+        """A snapshot's pod on its node and in its queue's numbers (GPU nodes are recounted
+        once, by `_finish_load`, not pod by pod as `_place_resources` does)."""
         node, req, status = task.node, task.req, task.status
         if task.groups:
             load.groups.update(task.groups)
         if status == PodStatus.PENDING:
             load.pending.add(id(task.job))
         if node >= 0 and status in ACTIVE_USED:
-            at.used_cpu[node] = at.used_cpu[node] + req.cpu_m
-            at.used_mem[node] = at.used_mem[node] + req.memory
-            at.used_pods[node] = at.used_pods[node] + 1
+            self.used_cpu[node] += req.cpu_m
+            self.used_mem[node] += req.memory
+            self.used_pods[node] += 1
             if req.wants_gpu:  # (a pod without GPUs has nothing to hold: node and charge set)
                 self._hold_gpus(task, node, task.groups, status == PodStatus.PIPELINED)
                 load.gpu_nodes[node] = load.gpu_nodes.get(node, False) or not req.gpus
@@ -653,10 +622,6 @@ class Session:
                 _add3(q.request, cpu, memory, gpu)
 
     def _finish_load(self, load: _Load) -> None:
-        at = self.at
-        self.used_cpu[:] = at.used_cpu
-        self.used_mem[:] = at.used_mem
-        self.used_pods[:] = at.used_pods
         for node, devices in load.gpu_nodes.items():
             self._refresh_gpu(node, devices=devices)
         for task in load.releasing:
@@ -672,13 +637,13 @@ class Session:
         """Milli of one device a shared request takes on this node."""
         if req.gpu_fraction_milli:
             return req.gpu_fraction_milli
-        return math.ceil(req.gpu_memory_mib * MILLI / self.at.gpu_mem[node])
+        return math.ceil(req.gpu_memory_mib * MILLI / int(self.gpu_mem[node]))
 
     def portion(self, req: Request, node: int) -> float:
         """GPU portion recorded for a shared pod on this node (gpu-memory rounds up to 1/100)."""
         if req.gpu_fraction_milli:
             return req.gpu_fraction_milli / MILLI
-        return math.ceil(req.gpu_memory_mib / self.at.gpu_mem[node] * 100) / 100
+        return math.ceil(req.gpu_memory_mib / int(self.gpu_mem[node]) * 100) / 100
 
     def task_queue_amount(self, task: Task) -> tuple[float, float, float]:
         req = task.req
@@ -707,7 +672,6 @@ class Session:
         """Recount the node's GPUs and mirror its shared devices into the device arrays
         (`devices` false: they did not change, a whole-GPU pod came or went)."""
         groups = self.groups[node]
-        at = self.at
         used = self.whole_used[node]
         rel = self.whole_rel[node]
         # a device some unpipelined sharer holds is not idle; one all of whose sharers are
@@ -722,39 +686,17 @@ class Session:
                     rel += 1
             else:
                 rel -= 1
-        if used != at.used_gpu[node]:
-            at.used_gpu[node] = used
-            self.used_gpu[node] = used
-        if rel != at.rel_gpu[node]:
-            at.rel_gpu[node] = rel
-            self.rel_gpu[node] = rel
+        self.used_gpu[node] = used
+        self.rel_gpu[node] = rel
         if not devices:
             return
-        used_row = [g.used for g in groups.values()]
-        rel_row = [g.releasing for g in groups.values()]
-        old_used, old_rel = at.dev_used[node], at.dev_rel[node]
-        count = len(used_row)
-        if count != len(old_used):
-            # slots came or went: whole rows (the rows of a node without devices are left as
-            # they were, `dev_on` masks them)
-            width = self.dev_used.shape[1]
-            if count > width:
-                self._grow_devices(count)
-                width = count
-            self.dev_on[node] = [True] * count + [False] * (width - count)
-            if count:
-                pad = [0] * (width - count)
-                self.dev_used[node] = used_row + pad
-                self.dev_rel[node] = rel_row + pad
-        else:
-            # the slots that changed only (a row write converts a whole list)
-            for slot in range(count):
-                if used_row[slot] != old_used[slot]:
-                    self.dev_used[node, slot] = used_row[slot]
-                if rel_row[slot] != old_rel[slot]:
-                    self.dev_rel[node, slot] = rel_row[slot]
-        at.dev_used[node] = used_row
-        at.dev_rel[node] = rel_row
+        count = len(groups)
+        if count > self.dev_used.shape[1]:
+            self._grow_devices(count)
+        pad = [0] * (self.dev_used.shape[1] - count)
+        self.dev_on[node] = [True] * count + [False] * len(pad)
+        self.dev_used[node] = [g.used for g in groups.values()] + pad
+        self.dev_rel[node] = [g.releasing for g in groups.values()] + pad
 
     def _grow_devices(self, width: int) -> None:
         pad = width - self.dev_used.shape[1]
@@ -815,32 +757,16 @@ class Session:
         task.groups = ()
 
     def _add_usage(self, node: int, cpu: int, memory: int, pods: int) -> None:
-        at = self.at
-        if cpu:
-            value = at.used_cpu[node] + cpu
-            at.used_cpu[node] = value
-            self.used_cpu[node] = value
-        if memory:
-            value = at.used_mem[node] + memory
-            at.used_mem[node] = value
-            self.used_mem[node] = value
-        value = at.used_pods[node] + pods
-        at.used_pods[node] = value
-        self.used_pods[node] = value
+        self.used_cpu[node] += cpu
+        self.used_mem[node] += memory
+        self.used_pods[node] += pods
 
     def _mark_releasing(self, task: Task, sign: int) -> None:
         node, req = task.node, task.req
         if node < 0:
             return  # a pod on a node the snapshot does not have: nothing of ours to release
-        at = self.at
-        if req.cpu_m:
-            value = at.rel_cpu[node] + sign * req.cpu_m
-            at.rel_cpu[node] = value
-            self.rel_cpu[node] = value
-        if req.memory:
-            value = at.rel_mem[node] + sign * req.memory
-            at.rel_mem[node] = value
-            self.rel_mem[node] = value
+        self.rel_cpu[node] += sign * req.cpu_m
+        self.rel_mem[node] += sign * req.memory
         if req.gpus:
             self.whole_rel[node] = self.whole_rel[node] + sign * req.gpus
         elif req.is_shared:
@@ -857,17 +783,10 @@ class Session:
         node, req = task.node, task.req
         if node < 0:
             return
-        at = self.at
         cpu, memory = sign * req.cpu_m, sign * req.memory
         self._add_usage(node, -cpu, -memory, 0)
-        if cpu:
-            value = at.rel_cpu[node] - cpu
-            at.rel_cpu[node] = value
-            self.rel_cpu[node] = value
-        if memory:
-            value = at.rel_mem[node] - memory
-            at.rel_mem[node] = value
-            self.rel_mem[node] = value
+        self.rel_cpu[node] -= cpu
+        self.rel_mem[node] -= memory
         if req.gpus:
             self.whole_used[node] = self.whole_used[node] - sign * req.gpus
             self.whole_rel[node] = self.whole_rel[node] - sign * req.gpus

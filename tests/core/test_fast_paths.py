@@ -218,15 +218,9 @@ def test_the_fraction_walk_does_not_settle_early_among_many_sharing_nodes():
     assert fast.pods["quarter-0"].node == "node-70"
 
 
-_MIRRORED = ("schedulable", "cap_cpu", "cap_mem", "cap_gpu", "max_pods", "gpu_mem",
-             "gpu_mem_synced", "used_cpu", "rel_cpu", "used_mem", "rel_mem", "used_pods",
-             "used_gpu", "rel_gpu")
-
-
 def _check_gpu_arrays(sess: Session) -> None:
     """The per-node GPU arrays, kept up to date pod by pod, against the same numbers counted
-    again from the nodes' devices; the per-node list copies (`Session.at`) against the
-    arrays."""
+    again from the nodes' devices."""
     for n in range(len(sess.nodes)):
         groups = list(sess.groups[n].values())
         # a device with an unpipelined sharer is used, releasing if they all are; one only
@@ -238,16 +232,10 @@ def _check_gpu_arrays(sess: Session) -> None:
                + sum(1 for g in groups if g.used > 0 and g.used == g.releasing)
                - held.count(False))
         assert (int(sess.used_gpu[n]), int(sess.rel_gpu[n])) == (used, rel), n
-        # the list copies one-node reads use, against the arrays whole-cluster passes use
-        at = sess.at
-        assert [getattr(at, name)[n] for name in _MIRRORED] == [
-            getattr(sess, name)[n].item() for name in _MIRRORED], n
         width = sess.dev_used.shape[1]
         assert sess.dev_on[n].tolist() == [True] * len(groups) + [False] * (width - len(groups))
         assert sess.dev_used[n, :len(groups)].tolist() == [g.used for g in groups]
         assert sess.dev_rel[n, :len(groups)].tolist() == [g.releasing for g in groups]
-        assert sess.at.dev_used[n] == [g.used for g in groups]
-        assert sess.at.dev_rel[n] == [g.releasing for g in groups]
 
 
 @pytest.mark.parametrize("seed", [1, 5, 7])

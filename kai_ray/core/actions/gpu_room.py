@@ -91,7 +91,7 @@ class GpuRoom:
         """Count victim `t` as gone: its whole GPUs, or its share of each of its devices (a
         device all of whose sharers go becomes a whole GPU: its room is set to 0)."""
         sess = self.sess
-        if t.node < 0 or not sess.at.schedulable[t.node]:
+        if t.node < 0 or not sess.schedulable[t.node]:
             return
         if t.req.gpus:
             whole[t.node] = whole.get(t.node, self.base_whole.get(t.node, 0)) + t.req.gpus
