@@ -317,7 +317,8 @@ pub struct Session {
     pub undo: Vec<Undo>,
     pub job_errors: FxHashMap<usize, JobError>,
     pub sticky: Option<(Sticky, usize)>,
-    /// the only nodes placement may use while set, in node order (a victim scenario's)
+    /// the only nodes placement may use while set, in node order (a victim scenario's):
+    /// set with `set_node_filter`
     pub node_filter: Option<Vec<usize>>,
     pub evict_info: FxHashMap<usize, EvictInfo>,
     pub jobs: Vec<JobState>,
@@ -1420,6 +1421,14 @@ impl Session {
         self.queue_add(task, 1.0);
         self.undo.push(Undo::Unevict { task, prev });
         self.bump(task);
+    }
+
+    /// Restrict placement to `nodes` (None: every node). The binpack carry-over is dropped:
+    /// a choice among other nodes (binpack normalises over them) is no guide for this one,
+    /// even where the undo log has the same length.
+    pub fn set_node_filter(&mut self, nodes: Option<Vec<usize>>) {
+        self.sticky = None;
+        self.node_filter = nodes;
     }
 
     pub fn rollback(&mut self, checkpoint: usize) {

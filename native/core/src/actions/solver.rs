@@ -810,7 +810,7 @@ impl<'a> Solver<'a> {
             );
         }
         let mut order = scenario_queue(sess, &order_jobs, prefix);
-        sess.node_filter = nodes;
+        sess.set_node_filter(nodes);
         // the other jobs with a pending task are skipped (they only shape the order); once
         // every wanted job is placed again nothing else can change (each pops once)
         let mut left = order_jobs.len();
@@ -827,7 +827,7 @@ impl<'a> Solver<'a> {
                     .filter(|&t| sess.tasks[t].status == PodStatus::Pending)
                     .collect();
                 if !place_tasks(sess, job, &pending, true, false) {
-                    sess.node_filter = None;
+                    sess.set_node_filter(None);
                     sess.rollback(checkpoint);
                     return None;
                 }
@@ -838,7 +838,7 @@ impl<'a> Solver<'a> {
                 place_tasks(sess, next_job, &again, true, false);
             }
         }
-        sess.node_filter = None;
+        sess.set_node_filter(None);
         let evicted: Vec<usize> = victims
             .iter()
             .copied()
