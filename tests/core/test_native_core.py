@@ -224,6 +224,51 @@ def test_a_victim_protected_by_an_earlier_preemption_is_not_taken_again() -> Non
     assert result.pods["p2-0"].status == "Pending"
 
 
+def test_a_job_that_loses_its_protection_in_an_action_becomes_a_victim() -> None:
+    """The other way round: an elastic job at its gang minimum inside its minimum runtime is
+    protected until it reclaims a pod above its minimum; a later reclaimer of the same action,
+    whose queue's victims were gathered before that, must then find it among them. The Rust
+    core asks a scope's rules again about the jobs changed since (`recheck_members`); without
+    the jobs that join, y finds no victim it may take (3000 random clusters reached no join).
+
+    y0 goes first (A is starved for it) and takes e1 (E is over its share). A is then no
+    longer starved, and PB (priority 100) goes before it: x reclaims d0 from its sibling B2
+    (over its share of 0), which leaves PB over its share of 2 (x0, x1 and d1, which does not
+    yield). Last, y takes x's pipelined pod x1 back: x is above its minimum now."""
+    def gpus(deserved: float, weight: float) -> ResourceQuota:
+        return ResourceQuota(deserved, -1, weight)
+
+    open_ = ResourceQuota(-1, -1, 1)
+    node = (Node("n0", 64000, 10**12, gpus=5),)
+    # over-quota goes by priority first: PB (no weight) keeps its 2, A gets the 5th GPU
+    queues = (Queue("A", priority=50, gpu=gpus(1, 1), cpu=open_, memory=open_, created=1.0),
+              Queue("PB", priority=100, gpu=gpus(2, 0), cpu=open_, memory=open_, created=2.0),
+              Queue("B", parent="PB", gpu=gpus(1, 1), cpu=open_, memory=open_, created=3.0),
+              Queue("B2", parent="PB", gpu=gpus(0, 0), cpu=open_, memory=open_, created=4.0),
+              Queue("E", priority=50, gpu=gpus(1, 0), cpu=open_, memory=open_, created=5.0))
+    one = Request(gpus=1)
+
+    def running(name: str, queue: str, created: float, preemptible: bool | None = None) -> Job:
+        return Job(name, queue, 50, (Pod(f"{name}-0", one, status=PodStatus.RUNNING,
+                                         node="n0"),), created=created, preemptible=preemptible)
+
+    elastic = Job("x", "B", 50, (Pod("x0", one, status=PodStatus.RUNNING, node="n0"),
+                                 Pod("x1", one)), min_member=1, last_start=0.0)
+    jobs = (elastic, running("d0", "B2", 1.0), running("d1", "B2", 2.0, preemptible=False),
+            running("e0", "E", 3.0), running("e1", "E", 4.0),
+            Job("y0", "A", 100, (Pod("y0-0", one),), created=10.0),
+            Job("y", "A", 50, (Pod("y-0", one),), created=11.0))
+    config = dataclasses.replace(SchedulerConfig(), default_reclaim_min_runtime_s=5.0)
+    snapshot = Snapshot(node, queues, jobs)
+    python = schedule(snapshot, config, 1.0, core="python")
+    assert python.queues["A"].fair_share[2] == 2.0 and python.queues["PB"].fair_share[2] == 2.0
+    assert [(e.pod, e.action, e.preemptor) for e in python.evictions] == [
+        ("d0-0", "reclaim", "x"), ("e1-0", "reclaim", "y0")]
+    assert [p.pod for p in python.pipelined] == ["y0-0", "y-0"]
+    assert python.pods["x0"].status == "Running" and python.pods["x1"].status == "Pending"
+    assert_same(schedule(snapshot, config, 1.0, core="native"), python)
+
+
 def test_a_reclaim_decided_by_an_exact_ratio_tie() -> None:
     """Reclaim's saturation rule rejects when the reclaimer's parent, with the request, is as
     saturated as a sibling (`mine_ratio * mult >= sib_ratio`): here 3/2 against 6/4. Random
