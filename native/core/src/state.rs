@@ -671,6 +671,7 @@ impl Session {
         // with a pending task at any time are among these
         sess.pending_jobs = (0..sess.jobs.len()).filter(|j| load.pending.contains(j)).collect();
         sess.known_groups = std::mem::take(&mut load.groups);
+        sess.victim_units = vec![None; sess.jobs.len()];
         sess.finish_load(load);
         sess
     }

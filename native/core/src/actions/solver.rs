@@ -195,13 +195,10 @@ impl ScopeVictims {
     /// The job's unit as of its last change (kept for the session, shared by every scope).
     fn add(&mut self, sess: &mut Session, job: usize) -> Option<usize> {
         let changes = sess.jobs[job].changes;
-        let unit = match sess.victim_units.get(job) {
-            Some(&Some((at, unit))) if at == changes => unit,
+        let unit = match sess.victim_units[job] {
+            Some((at, unit)) if at == changes => unit,
             _ => {
                 let unit = unit_of(sess, job);
-                if sess.victim_units.len() < sess.jobs.len() {
-                    sess.victim_units.resize(sess.jobs.len(), None);
-                }
                 sess.victim_units[job] = Some((changes, unit));
                 unit
             }
@@ -253,8 +250,8 @@ pub struct VictimCache {
     scope_order: Vec<(usize, i64)>,
     all_freed: FxHashMap<(usize, i64), AllFreed>,
     streams: FxHashMap<(usize, i64), VictimStream>,
-    /// per stream, jobs changed since it was built (repeats allowed: `touched_since` keeps
-    /// the first of each, so a stream left unread costs a push per change)
+    /// per stream, jobs changed since it was built (repeats allowed: `first_of_each` keeps
+    /// the first of each when it is read, so a stream left unread costs a push per change)
     touched: FxHashMap<(usize, i64), Vec<usize>>,
     enough_all: FxHashMap<EnoughKey, bool>,
     /// scope None: this attempt's victims (rebuilt every time)
@@ -787,10 +784,7 @@ impl<'a> Solver<'a> {
         let checkpoint = sess.checkpoint();
         let mut order_jobs = vec![job];
         for &t in victims {
-            let j = sess.tasks[t].job;
-            if !order_jobs.contains(&j) {
-                order_jobs.push(j);
-            }
+            add_job(&mut order_jobs, sess.tasks[t].job);
         }
         // the other pending jobs matter only where the wanted ones are in more than one queue;
         // they are taken as they are now, before the scenario changes the wanted ones
