@@ -5,7 +5,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kai_ray.core.state import JobState, Session, Task
+from kai_ray.core.jobs import JobState, Task
+from kai_ray.core.state import Session
 
 OVER_LIMIT = "OverLimit"
 NON_PREEMPTIBLE_OVER_QUOTA = "NonPreemptibleOverQuota"
@@ -43,7 +44,7 @@ def job_level_request(sess: Session, tasks: list[Task]) -> tuple[float, float, f
 
 def check_job(sess: Session, job: JobState, request: tuple[float, float, float]
               ) -> CapacityError | None:
-    for q in sess.queue_path(job.queue):
+    for q in sess.queues.path(job.queue):
         for r in (2, 0, 1):
             if q.limit[r] == -1 or request[r] <= 0:
                 continue
@@ -62,7 +63,7 @@ def check_job(sess: Session, job: JobState, request: tuple[float, float, float]
 
 def check_non_preemptible(sess: Session, job: JobState, request: tuple[float, float, float]
                           ) -> CapacityError | None:
-    for q in sess.queue_path(job.queue):
+    for q in sess.queues.path(job.queue):
         for r in (2, 0, 1):
             if q.deserved[r] == -1 or request[r] <= 0:
                 continue

@@ -12,8 +12,10 @@ from collections.abc import Iterable
 from heapq import heapify, heappop, heappush
 from typing import Generic, Protocol, TypeVar
 
+from kai_ray.core.accounting import QueueState, leq, pending_amount
+from kai_ray.core.jobs import JobState, Task
 from kai_ray.core.scratch import Key
-from kai_ray.core.state import JobState, QueueState, Session, Task, leq
+from kai_ray.core.state import Session
 
 _ZERO_SHARE_MULT = 1000.0
 E = TypeVar("E", bound="Entry")
@@ -32,7 +34,7 @@ def job_request(sess: Session, job: JobState, simulation: bool = False
         return cached[1]
     cpu = mem = gpu = 0.0
     for task in job.tasks_to_allocate(simulation):
-        amount = sess.pending_queue_amount(task.req)
+        amount = pending_amount(task.req)
         cpu += amount[0]
         mem += amount[1]
         gpu += amount[2]
@@ -43,7 +45,7 @@ def job_request(sess: Session, job: JobState, simulation: bool = False
 def _share(sess: Session, q: QueueState, r: int, allocated: float) -> float:
     allocatable = q.allocatable(r)
     if allocatable == -1:
-        allocatable = sess.total[r]
+        allocatable = sess.cluster.total[r]
     return allocated * _ZERO_SHARE_MULT if allocatable == 0 else allocated / allocatable
 
 
@@ -250,7 +252,7 @@ class JobQueue(Generic[E]):
             return item
         self._account_taken()
         # items of queues missing from the tree are never popped (QueueDoesNotExist)
-        picked = self._pick(self.sess.root_queues(), {})
+        picked = self._pick(self.sess.queues.roots(), {})
         if picked is None:
             return None
         heap = self.heaps[picked.queue]
@@ -262,7 +264,7 @@ class JobQueue(Generic[E]):
     def _reachable(self, queue: str) -> bool:
         known = self.reachable.get(queue)
         if known is None:
-            path = self.sess.queue_path(queue)
+            path = self.sess.queues.path(queue)
             known = self.reachable[queue] = bool(path) and not path[-1].parent
         return known
 
@@ -294,13 +296,13 @@ class PendingOrder:
     looked at again (a job's order and pending state change only with its tasks)."""
 
     def __init__(self, sess: Session) -> None:
-        self.version = len(sess.undo)
+        self.version = len(sess.statement.undo)
         # per leaf queue: order numbers ascending, and the jobs in the same order
         self.numbers: dict[str, list[int]] = {}
         self.jobs: dict[str, list[JobState]] = {}
         self.entry: dict[int, tuple[str, int]] = {}  # id(job) -> (queue, order number)
         for job in sess.pending_jobs:
-            if job.has_pending() and sess.is_leaf(job.queue):
+            if job.has_pending() and sess.queues.is_leaf(job.queue):
                 number = job.order_number(sess)
                 self.jobs.setdefault(job.queue, []).append(job)
                 self.entry[id(job)] = (job.queue, number)
@@ -312,11 +314,11 @@ class PendingOrder:
     def of(sess: Session) -> PendingOrder:
         """The session's, in step with its current state."""
         known = sess.scratch.get(PENDING_ORDER)
-        now = len(sess.undo)
+        now = len(sess.statement.undo)
         if known is None or known.version > now:
             known = sess.scratch.put(PENDING_ORDER, PendingOrder(sess))
         elif known.version < now:
-            touched = {id(e[1].job): e[1].job for e in sess.undo[known.version:]
+            touched = {id(e[1].job): e[1].job for e in sess.statement.undo[known.version:]
                        if isinstance(e[1], Task)}
             for job in touched.values():
                 known._remove(job)
@@ -326,7 +328,7 @@ class PendingOrder:
 
     def _add(self, sess: Session, job: JobState) -> None:
         # a job in a parent queue or one missing from the tree is never popped
-        if not job.has_pending() or not sess.is_leaf(job.queue):
+        if not job.has_pending() or not sess.queues.is_leaf(job.queue):
             return
         number = job.order_number(sess)
         numbers = self.numbers.setdefault(job.queue, [])
@@ -380,7 +382,7 @@ def scenario_queue(sess: Session, wanted: list[JobState], pending: PendingOrder 
         relevant: set[str] = set()
         relevant_children: dict[str, int] = {}  # per parent ("" for the roots)
         for queue in heaps:
-            path = sess.queue_path(queue)
+            path = sess.queues.path(queue)
             if not path or path[-1].parent:
                 continue  # not in the tree: never popped
             for q in path:
@@ -391,7 +393,7 @@ def scenario_queue(sess: Session, wanted: list[JobState], pending: PendingOrder 
                 relevant_children[parent] = relevant_children.get(parent, 0) + 1
         wanted_ids = {id(job) for job in wanted}
         for queue, jobs in pending.jobs.items():
-            path = sess.queue_path(queue)
+            path = sess.queues.path(queue)
             if not path or path[-1].parent:
                 continue
             # contested: the leaf's subtree, and its parent's (`above`) by the end of the walk
@@ -418,7 +420,7 @@ def scenario_queue(sess: Session, wanted: list[JobState], pending: PendingOrder 
     order: JobQueue[JobState] = JobQueue(sess, (), simulation=True, heaps=heaps)
     cpu = mem = gpu = 0.0
     for task in prefix:
-        amount = sess.pending_queue_amount(task.req)
+        amount = pending_amount(task.req)
         cpu += amount[0]
         mem += amount[1]
         gpu += amount[2]

@@ -15,8 +15,10 @@ import numpy as np
 import numpy.typing as npt
 
 from kai_ray.core import packing
+from kai_ray.core.accounting import MILLI
+from kai_ray.core.jobs import Task
 from kai_ray.core.scratch import Key
-from kai_ray.core.state import MILLI, Session, Task
+from kai_ray.core.state import Session
 
 BoolArray = npt.NDArray[np.bool_]
 MIB = 1024 * 1024
@@ -29,29 +31,31 @@ TYPICAL_SHAPES: Key[packing.ShapeSet | None] = Key("typical shapes")
 
 def _model_ids(sess: Session) -> tuple[npt.NDArray[np.int64], dict[str, int]]:
     """Each node's GPU model id (-1 without GPUs) and the ids by product label."""
+    cluster = sess.cluster
     names: dict[str, int] = {}
-    out = np.full(len(sess.nodes), -1, dtype=np.int64)
-    for i, labels in enumerate(sess.node_labels):
-        if sess.cap_gpu[i] > 0:
+    out = np.full(len(cluster.nodes), -1, dtype=np.int64)
+    for i, labels in enumerate(cluster.node_labels):
+        if cluster.cap_gpu[i] > 0:
             out[i] = names.setdefault(labels.get(PRODUCT_LABEL, ""), len(names))
     return out, names
 
 
 def node_state(sess: Session) -> packing.NodeState:
     """The session's idle resources as the packing policies see them."""
-    width = max(1, int(sess.cap_gpu.max()) if len(sess.nodes) else 1)
+    cluster = sess.cluster
+    width = max(1, int(cluster.cap_gpu.max()) if len(cluster.nodes) else 1)
     j = np.arange(width)[None, :]
-    groups = sess.dev_on.sum(axis=1)[:, None]
-    shared_free = np.full((len(sess.nodes), width), 0, dtype=np.int64)
-    cols = min(width, sess.dev_used.shape[1])
-    shared_free[:, :cols] = MILLI - sess.dev_used[:, :cols]
-    idle_whole = np.maximum(sess.cap_gpu - sess.used_gpu, 0)[:, None]
-    cap = sess.cap_gpu[:, None]
+    groups = cluster.dev_on.sum(axis=1)[:, None]
+    shared_free = np.full((len(cluster.nodes), width), 0, dtype=np.int64)
+    cols = min(width, cluster.dev_used.shape[1])
+    shared_free[:, :cols] = MILLI - cluster.dev_used[:, :cols]
+    idle_whole = np.maximum(cluster.cap_gpu - cluster.used_gpu, 0)[:, None]
+    cap = cluster.cap_gpu[:, None]
     gpu_free = np.where(j < groups, shared_free,
                         np.where(j < groups + idle_whole, MILLI, np.where(j < cap, 0, -1)))
     return packing.NodeState(
-        cpu_free=(sess.cap_cpu - sess.used_cpu).astype(np.int64),
-        mem_free=((sess.cap_mem - sess.used_mem) // MIB).astype(np.int64),
+        cpu_free=(cluster.cap_cpu - cluster.used_cpu).astype(np.int64),
+        mem_free=((cluster.cap_mem - cluster.used_mem) // MIB).astype(np.int64),
         gpu_free=gpu_free.astype(np.int64), model=_model_ids(sess)[0])
 
 
@@ -130,8 +134,8 @@ def choose(sess: Session, task: Task, fits_idle: BoolArray
     if not preq.shared:
         return node, (), ()
     device = int(packing.choose_devices(policy, state, node, preq, shapes)[0])
-    existing = list(sess.groups[node])
+    existing = list(sess.cluster.groups[node])
     if device < len(existing):
         return node, (existing[device],), ()
-    gid = sess.new_group_id(node)
+    gid = sess.cluster.new_group_id(node)
     return node, (gid,), (gid,)

@@ -17,10 +17,13 @@ import numpy as np
 import numpy.typing as npt
 
 from kai_ray.core import packing_policy
+from kai_ray.core.accounting import MILLI
+from kai_ray.core.cluster import Group
 from kai_ray.core.constraints import affinity_matches, untolerated
+from kai_ray.core.jobs import Task
 from kai_ray.core.model import Request
 from kai_ray.core.scratch import Key
-from kai_ray.core.state import MILLI, Group, Session, Task
+from kai_ray.core.state import Session
 
 BoolArray = npt.NDArray[np.bool_]
 
@@ -56,11 +59,11 @@ def _selector_mask(sess: Session, task: Task) -> BoolArray | None:
     cache = sess.scratch.setdefault(SELECTOR_MASKS, dict)
     mask = cache.get(key)
     if mask is None:
-        names = [n.name for n in sess.nodes]
+        names = [n.name for n in sess.cluster.nodes]
         mask = np.array([all(labels.get(k) == v for k, v in task.node_selector)
                          and (task.node_affinity is None
                               or affinity_matches(task.node_affinity, name, labels))
-                         for name, labels in zip(names, sess.node_labels, strict=True)],
+                         for name, labels in zip(names, sess.cluster.node_labels, strict=True)],
                         dtype=bool)
         cache[key] = mask
     return mask
@@ -69,12 +72,12 @@ def _selector_mask(sess: Session, task: Task) -> BoolArray | None:
 def _taint_masks(sess: Session, task: Task) -> tuple[BoolArray | None, list[tuple[BoolArray, str]]]:
     """Nodes whose taints the task tolerates (None: all), and per untolerated taint the mask of
     the nodes it does not keep the task off, with Kubernetes' wording."""
-    if not sess.any_taints:
+    if not sess.cluster.any_taints:
         return None, []
     cache = sess.scratch.setdefault(TAINT_MASKS, dict)
     known = cache.get(task.tolerations)
     if known is None:
-        first = [untolerated(taints, task.tolerations) for taints in sess.node_taints]
+        first = [untolerated(taints, task.tolerations) for taints in sess.cluster.node_taints]
         blocked = np.array([t is not None for t in first], dtype=bool)
         per_taint = [(np.array([t != taint for t in first], dtype=bool),
                       f"had untolerated taint {{{taint.key}: {taint.value}}}")
@@ -93,48 +96,52 @@ def _device_order(sess: Session) -> str:
 def _shared_candidates(sess: Session, task: Task, node: int) -> tuple[list[Group], int, int]:
     """Existing groups the task fits on (idle or releasing) and the node's idle / releasing
     whole devices that could become new shared devices."""
-    cost = sess.device_cost(task.req, node)
-    fitting = [g for g in sess.groups[node].values()
+    cluster = sess.cluster
+    cost = cluster.device_cost(task.req, node)
+    fitting = [g for g in cluster.groups[node].values()
                if MILLI - g.used + g.releasing - cost >= 0 and g.releasing < g.used]
-    idle_whole = int(sess.cap_gpu[node] - sess.used_gpu[node])
-    rel_whole = int(sess.rel_gpu[node])
+    idle_whole = int(cluster.cap_gpu[node] - cluster.used_gpu[node])
+    rel_whole = int(cluster.rel_gpu[node])
     return fitting, idle_whole, rel_whole
 
 
 def _predicates(sess: Session, task: Task) -> tuple[list[tuple[BoolArray, str]], BoolArray]:
     """Each predicate as (mask of nodes that pass, KAI's reason), and the fits-on-idle mask."""
+    cluster = sess.cluster
     req = task.req
     preds: list[tuple[BoolArray, str]] = list(_taint_masks(sess, task)[1])
     sel = _selector_mask(sess, task)
     if sel is not None:
         preds.append((sel, R_SELECTOR))
-    idle_ok = np.ones(len(sess.nodes), dtype=bool)
+    idle_ok = np.ones(len(cluster.nodes), dtype=bool)
     if req.cpu_m:
-        idle_cpu = sess.cap_cpu - sess.used_cpu
-        preds.append((idle_cpu + sess.rel_cpu >= req.cpu_m, R_CPU))
+        idle_cpu = cluster.cap_cpu - cluster.used_cpu
+        preds.append((idle_cpu + cluster.rel_cpu >= req.cpu_m, R_CPU))
         idle_ok &= idle_cpu >= req.cpu_m
     if req.memory:
-        idle_mem = sess.cap_mem - sess.used_mem
-        preds.append((idle_mem + sess.rel_mem >= req.memory, R_MEM))
+        idle_mem = cluster.cap_mem - cluster.used_mem
+        preds.append((idle_mem + cluster.rel_mem >= req.memory, R_MEM))
         idle_ok &= idle_mem >= req.memory
     if req.gpus:
-        idle_gpu = sess.cap_gpu - sess.used_gpu
-        preds.append((idle_gpu + sess.rel_gpu >= req.gpus, R_GPU))
+        idle_gpu = cluster.cap_gpu - cluster.used_gpu
+        preds.append((idle_gpu + cluster.rel_gpu >= req.gpus, R_GPU))
         idle_ok &= idle_gpu >= req.gpus
-    preds.append((sess.used_pods + _pod_slots(req) <= sess.max_pods, R_PODS))
+    preds.append((cluster.used_pods + _pod_slots(req) <= cluster.max_pods, R_PODS))
     if req.is_shared:
         if req.gpu_memory_mib:
-            preds.append((sess.gpu_mem_synced & (sess.gpu_mem >= req.gpu_memory_mib), R_GPU_MEM))
+            synced_and_wide = cluster.gpu_mem_synced & (cluster.gpu_mem >= req.gpu_memory_mib)
+            preds.append((synced_and_wide, R_GPU_MEM))
         cost = _cost_vector(sess, task)[:, None]
-        live = sess.dev_on & (sess.dev_rel < sess.dev_used)  # not entirely releasing
-        fit = live & (MILLI - sess.dev_used + sess.dev_rel - cost >= 0)
+        live = cluster.dev_on & (cluster.dev_rel < cluster.dev_used)  # not entirely releasing
+        fit = live & (MILLI - cluster.dev_used + cluster.dev_rel - cost >= 0)
         fit_groups = fit.sum(axis=1)
         # on idle: of those, the devices some unpipelined sharer holds with idle room (KAI's
         # EnoughIdleResourcesOnGpu, asked of fitting devices only: with pipelined sharers,
         # charged to releasing, the idle room may be more than the room)
-        idle_groups = (fit & (sess.dev_used > 0) & (MILLI - sess.dev_used - cost >= 0)).sum(axis=1)
-        idle_whole = sess.cap_gpu - sess.used_gpu
-        rel_whole = sess.rel_gpu
+        idle_room = (cluster.dev_used > 0) & (MILLI - cluster.dev_used - cost >= 0)
+        idle_groups = (fit & idle_room).sum(axis=1)
+        idle_whole = cluster.cap_gpu - cluster.used_gpu
+        rel_whole = cluster.rel_gpu
         preds.append((fit_groups + idle_whole + rel_whole >= req.fraction_devices, R_GPU))
         idle_ok &= idle_groups + idle_whole >= req.fraction_devices
     return preds, idle_ok
@@ -151,7 +158,7 @@ def feasible(sess: Session, task: Task, explain: bool = False
     """(fits with releasing, fits on idle, failed-predicate histogram) over all nodes. The
     histogram (first failing predicate per node) is only built when `explain` is set."""
     preds, idle_ok = _predicates(sess, task)
-    ok = sess.schedulable.copy()
+    ok = sess.cluster.schedulable.copy()
     reasons: dict[str, int] = {}
     if explain:
         reasons[R_UNSCHED] = int((~ok).sum())
@@ -170,13 +177,14 @@ def _available(sess: Session, task: Task) -> BoolArray:
     whole GPU or a shared device it fits on with the releasing room counted
     (fractionTaskGpusAllocatableDeviceCount, node_info.go:327-348). Placing it on idle
     resources (bound, not pipelined) counts only a device's idle room."""
+    cluster = sess.cluster
     req = task.req
-    ok = ((sess.cap_cpu - sess.used_cpu >= req.cpu_m)
-          & (sess.cap_mem - sess.used_mem >= req.memory))
+    ok = ((cluster.cap_cpu - cluster.used_cpu >= req.cpu_m)
+          & (cluster.cap_mem - cluster.used_mem >= req.memory))
     cost = _cost_vector(sess, task)[:, None]
-    live = sess.dev_on & (sess.dev_rel < sess.dev_used)
-    fit = live & (MILLI - sess.dev_used + sess.dev_rel - cost >= 0)
-    available: BoolArray = ok & (fit.sum(axis=1) + sess.cap_gpu - sess.used_gpu
+    live = cluster.dev_on & (cluster.dev_rel < cluster.dev_used)
+    fit = live & (MILLI - cluster.dev_used + cluster.dev_rel - cost >= 0)
+    available: BoolArray = ok & (fit.sum(axis=1) + cluster.cap_gpu - cluster.used_gpu
                                  >= req.fraction_devices)
     return available
 
@@ -185,21 +193,22 @@ def scores(sess: Session, task: Task, fits: BoolArray, fits_idle: BoolArray,
            within: BoolArray | None = None) -> npt.NDArray[np.float64]:
     """KAI's node order scores; binpack normalises free amounts over the nodes `within`
     (default: every schedulable node)."""
+    cluster = sess.cluster
     req = task.req
     cfg = sess.config.placement
     if req.wants_gpu:
-        free = sess.free_gpu().astype(np.float64)
-        total = sess.cap_gpu.astype(np.float64)
+        free = cluster.free_gpu().astype(np.float64)
+        total = cluster.cap_gpu.astype(np.float64)
         strategy = cfg.gpu
     else:
-        free = sess.free_cpu().astype(np.float64)
-        total = sess.cap_cpu.astype(np.float64)
+        free = cluster.free_cpu().astype(np.float64)
+        total = cluster.cap_cpu.astype(np.float64)
         strategy = cfg.cpu
     has = total > 0
     if strategy == "spread":
         base = np.where(has, free / np.where(has, total, 1.0), 0.0)
     else:
-        cand = sess.schedulable & has
+        cand = cluster.schedulable & has
         if within is not None:
             cand &= within
         if cand.any():
@@ -212,7 +221,7 @@ def scores(sess: Session, task: Task, fits: BoolArray, fits_idle: BoolArray,
         fits_idle = fits & _available(sess, task)  # KAI's availability score (`_available`)
     score = base + np.where(fits_idle, 100.0, 0.0)
     if not req.wants_gpu:
-        score += np.where(sess.cap_gpu == 0, 10.0, 0.0)
+        score += np.where(cluster.cap_gpu == 0, 10.0, 0.0)
     if cfg.gpu != "spread" and not req.gpus:
         score += 1000.0 * _sharing_bonus(sess, task, fits)
     return score
@@ -220,12 +229,13 @@ def scores(sess: Session, task: Task, fits: BoolArray, fits_idle: BoolArray,
 
 def _cost_vector(sess: Session, task: Task) -> npt.NDArray[np.int64]:
     """Milli of a device the task takes on each node (gpu-memory depends on the node)."""
+    cluster = sess.cluster
     req = task.req
     if req.gpu_fraction_milli:
-        return np.full(len(sess.nodes), req.gpu_fraction_milli, dtype=np.int64)
+        return np.full(len(cluster.nodes), req.gpu_fraction_milli, dtype=np.int64)
     if req.gpu_memory_mib:
-        return -((-req.gpu_memory_mib * MILLI) // sess.gpu_mem)
-    return np.zeros(len(sess.nodes), dtype=np.int64)
+        return -((-req.gpu_memory_mib * MILLI) // cluster.gpu_mem)
+    return np.zeros(len(cluster.nodes), dtype=np.int64)
 
 
 def _sharing_bonus(sess: Session, task: Task, fits: BoolArray) -> npt.NDArray[np.float64]:
@@ -233,9 +243,10 @@ def _sharing_bonus(sess: Session, task: Task, fits: BoolArray) -> npt.NDArray[np
     IsTaskFitOnGpuGroup: a device some sharer still holds, not all of it releasing, with room
     for the task, releasing room counted; a full device qualifies for a CPU-only pod, whose
     cost is 0: KAI scores those nodes too)."""
+    cluster = sess.cluster
     cost = _cost_vector(sess, task)[:, None]
-    joinable = (sess.dev_on & (sess.dev_rel < sess.dev_used)
-                & (MILLI - sess.dev_used + sess.dev_rel - cost >= 0))
+    joinable = (cluster.dev_on & (cluster.dev_rel < cluster.dev_used)
+                & (MILLI - cluster.dev_used + cluster.dev_rel - cost >= 0))
     return (joinable.any(axis=1) & fits).astype(np.float64)
 
 
@@ -243,7 +254,7 @@ def choose_devices(sess: Session, task: Task, node: int) -> tuple[tuple[str, ...
                                                                    tuple[str, ...], bool]:
     """Shared devices for a fractional task on `node`: (groups, new groups, all on idle)."""
     req = task.req
-    cost = sess.device_cost(req, node)
+    cost = sess.cluster.device_cost(req, node)
     fitting, idle_whole, rel_whole = _shared_candidates(sess, task, node)
     pack = _device_order(sess) != "gpuspread"
     cands: list[tuple[float, int, str | None, bool]] = []
@@ -262,7 +273,7 @@ def choose_devices(sess: Session, task: Task, node: int) -> tuple[tuple[str, ...
     for _, _, gid, idle in chosen:
         on_idle = on_idle and idle
         if gid is None:
-            gid = sess.new_group_id(node, new)
+            gid = sess.cluster.new_group_id(node, new)
             new.append(gid)
         groups.append(gid)
     return tuple(groups), tuple(new), on_idle
@@ -277,7 +288,7 @@ def choose(sess: Session, task: Task, explain: bool = True
     scores are normalised over them (KAI's AllocateJob is handed that node list)."""
     within: BoolArray | None = None
     if sess.node_filter is not None:
-        within = np.zeros(len(sess.nodes), dtype=bool)
+        within = np.zeros(len(sess.cluster.nodes), dtype=bool)
         within[sess.node_filter] = True
     fits, fits_idle, _ = feasible(sess, task)
     if within is not None:

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from kai_ray.core import fairshare
 from kai_ray.core.actions import allocate, consolidation, preempt, reclaim, stale
 from kai_ray.core.capacity import QUEUE_DOES_NOT_EXIST
+from kai_ray.core.jobs import Task
 from kai_ray.core.model import ACTIVE_USED, ALIVE, PodStatus, SchedulerConfig, Snapshot
 from kai_ray.core.queuetree import QUEUE_PARENT_CYCLE
 from kai_ray.core.result import (
@@ -25,7 +26,7 @@ from kai_ray.core.result import (
     PodOutcome,
     QueueShare,
 )
-from kai_ray.core.state import Session, Task
+from kai_ray.core.state import Session
 
 Clock = Callable[[], float]
 
@@ -41,7 +42,7 @@ def compute_fair_share(sess: Session) -> None:
         for name, q in sess.queues.items():
             inputs[name].children = [inputs[c] for c in q.children]
         roots = [inputs[n] for n, q in sess.queues.items() if not q.parent]
-        fairshare.divide(sess.total[r], roots, sess.config.k_value)
+        fairshare.divide(sess.cluster.total[r], roots, sess.config.k_value)
         for name, q in sess.queues.items():
             q.fair_share[r] = inputs[name].fair_share
 
@@ -54,7 +55,7 @@ def run_cycle(snapshot: Snapshot, config: SchedulerConfig, now: float,
     sess = Session(snapshot, config, now)
     compute_fair_share(sess)
     result = CycleResult()
-    existing_groups = {gid for groups in sess.groups for gid in groups}
+    existing_groups = {gid for groups in sess.cluster.groups for gid in groups}
     for action in config.actions:
         start = clock() if clock else 0.0
         run_action(sess, action, result)
@@ -117,7 +118,7 @@ def _outcome(sess: Session, task: Task) -> PodOutcome:
     if _taken_back(task):
         return PodOutcome(_PENDING, None, ())
     live = _live(task)
-    node = sess.nodes[live.node].name if live.node >= 0 else None
+    node = sess.cluster.nodes[live.node].name if live.node >= 0 else None
     return PodOutcome(_REPORTED[live.status], node, live.groups)
 
 
@@ -131,19 +132,19 @@ def _collect(sess: Session, result: CycleResult, existing_groups: set[str]) -> N
             continue
         live = _live(task)
         if task.orig_status == PodStatus.PENDING and live.status == PodStatus.ALLOCATED:
-            portion = sess.portion(task.req, live.node) if task.req.is_shared else 0.0
+            portion = sess.cluster.portion(task.req, live.node) if task.req.is_shared else 0.0
             result.binds.append(Bind(
                 job=job.name, namespace=job.namespace, pod=task.name,
-                node=sess.nodes[live.node].name, gpu_groups=live.groups,
+                node=sess.cluster.nodes[live.node].name, gpu_groups=live.groups,
                 new_gpu_groups=tuple(g for g in live.groups if g not in existing_groups),
                 gpu_portion=portion, gpu_memory_mib=task.req.gpu_memory_mib))
         elif live.status == PodStatus.PIPELINED:
             result.pipelined.append(Pipeline(job.name, job.namespace, task.name,
-                                             sess.nodes[live.node].name, "pipeline"))
+                                             sess.cluster.nodes[live.node].name, "pipeline"))
         if task.orig_status in ACTIVE_USED and task.orig_status != PodStatus.RELEASING and (
                 task.status == PodStatus.RELEASING):
             info = sess.evict_info.get(task.idx)
-            node = sess.nodes[task.node].name if task.node >= 0 else None
+            node = sess.cluster.nodes[task.node].name if task.node >= 0 else None
             result.evictions.append(Evict(
                 job.name, job.namespace, task.name, node, info.action if info else "unknown",
                 info.message if info else "", info.preemptor if info else None))
@@ -166,11 +167,11 @@ def _job_statuses(sess: Session, result: CycleResult) -> None:
         if not pending:
             continue
         fit = None
-        if job.queue in sess.excluded_queues:
-            reason, message = QUEUE_PARENT_CYCLE, sess.excluded_queues[job.queue]
+        if job.queue in sess.queues.excluded:
+            reason, message = QUEUE_PARENT_CYCLE, sess.queues.excluded[job.queue]
         elif job.queue not in sess.queues:
             reason, message = QUEUE_DOES_NOT_EXIST, f"Queue '{job.queue}' does not exist"
-        elif not sess.is_leaf(job.queue):
+        elif not sess.queues.is_leaf(job.queue):
             reason = "QueueNotLeaf"
             message = f"Queue '{job.queue}' has child queues; only leaf queues run workloads"
         elif not all(sum(1 for t in ps.tasks if _alive(t)) >= ps.min_member

@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import random
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -21,6 +23,7 @@ from kai_ray.core.model import PodStatus, Request, SchedulerConfig, Snapshot
 from kai_ray.core.result import CycleResult
 from kai_ray.core.schedule import schedule, set_default_core
 from kai_ray.core.state import Session
+from kai_ray.core.statement import Statement
 from kai_ray.sim.runner import advance
 from kai_ray.sim.synthetic import cluster
 from kai_ray.testing import native_core
@@ -162,12 +165,13 @@ def test_a_rolled_back_placement_does_not_steer_the_next():
               Job("z", queue="q", priority=50, pods=(pod("z-0", 1, 1000),))))
     sess = Session(snapshot, SchedulerConfig(), 0.0)
     x, y, z = (sess.jobs[name] for name in ("x", "y", "z"))
-    base = sess.checkpoint()
+    base = sess.statement.checkpoint()
     assert place_tasks(sess, x, x.pending_tasks(), pipeline_only=False)
     assert x.tasks[0].node == 1  # binpack: the fuller node
-    sess.rollback(base)
-    sess.allocate(y.tasks[0], 0, (), pipelined=False)  # node-0 now has 1 free GPU, node-1 still 2
-    assert len(sess.undo) == base + 1
+    sess.statement.rollback(base)
+    # node-0 now has 1 free GPU, node-1 still 2
+    sess.statement.allocate(y.tasks[0], 0, (), pipelined=False)
+    assert len(sess.statement.undo) == base + 1
     assert place_tasks(sess, z, z.pending_tasks(), pipeline_only=False)
     assert z.tasks[0].node == 0
 
@@ -221,21 +225,48 @@ def test_the_fraction_walk_does_not_settle_early_among_many_sharing_nodes():
 def _check_gpu_arrays(sess: Session) -> None:
     """The per-node GPU arrays, kept up to date pod by pod, against the same numbers counted
     again from the nodes' devices."""
-    for n in range(len(sess.nodes)):
-        groups = list(sess.groups[n].values())
+    cluster = sess.cluster
+    for n in range(len(cluster.nodes)):
+        groups = list(cluster.groups[n].values())
         # a device with an unpipelined sharer is used, releasing if they all are; one only
         # pipelined sharers hold is taken from releasing (KAI's charge of a Pipelined pod),
         # unless an unpipelined sharer opened it (Group.from_idle)
         held = [g.used > 0 or g.from_idle for g in groups]
-        used = int(sess.whole_used[n]) + sum(held)
-        rel = (int(sess.whole_rel[n])
+        used = int(cluster.whole_used[n]) + sum(held)
+        rel = (int(cluster.whole_rel[n])
                + sum(1 for g in groups if g.used > 0 and g.used == g.releasing)
                - held.count(False))
-        assert (int(sess.used_gpu[n]), int(sess.rel_gpu[n])) == (used, rel), n
-        width = sess.dev_used.shape[1]
-        assert sess.dev_on[n].tolist() == [True] * len(groups) + [False] * (width - len(groups))
-        assert sess.dev_used[n, :len(groups)].tolist() == [g.used for g in groups]
-        assert sess.dev_rel[n, :len(groups)].tolist() == [g.releasing for g in groups]
+        assert (int(cluster.used_gpu[n]), int(cluster.rel_gpu[n])) == (used, rel), n
+        width = cluster.dev_used.shape[1]
+        assert cluster.dev_on[n].tolist() == [True] * len(groups) + [False] * (width - len(groups))
+        assert cluster.dev_used[n, :len(groups)].tolist() == [g.used for g in groups]
+        assert cluster.dev_rel[n, :len(groups)].tolist() == [g.releasing for g in groups]
+
+
+def _after_each_decision(patch: pytest.MonkeyPatch, names: tuple[str, ...],
+                         check: Callable[[Session, str], None]) -> None:
+    """`check(session, name)` after each call of the Statement's methods `names` (the session
+    is the one whose statement it is: recorded as sessions are made)."""
+    sessions: list[Session] = []
+    init = Session.__init__
+
+    def recording_init(self: Session, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        sessions.append(self)
+
+    patch.setattr(Session, "__init__", recording_init)
+    for name in names:
+        method = getattr(Statement, name)
+
+        def wrapper(stmt: Statement, *args: Any, _method: Any = method, _name: str = name,
+                    **kwargs: Any) -> Any:
+            out = _method(stmt, *args, **kwargs)
+            sess = sessions[-1]
+            assert sess.statement is stmt
+            check(sess, _name)
+            return out
+
+        patch.setattr(Statement, name, wrapper)
 
 
 @pytest.mark.parametrize("seed", [1, 5, 7])
@@ -244,19 +275,14 @@ def test_the_gpu_arrays_follow_every_change(seed):
     fractional pods, devices with releasing sharers, victim simulations)."""
     checks = []
 
-    def checking(method):
-        def wrapper(sess, *args, **kwargs):
-            out = method(sess, *args, **kwargs)
-            _check_gpu_arrays(sess)
-            checks.append(method.__name__)
-            return out
-        return wrapper
+    def check(sess: Session, name: str) -> None:
+        _check_gpu_arrays(sess)
+        checks.append(name)
 
     snapshot = _half_used_devices(_some_releasing(cluster(20, seed=seed, pending_per_node=8,
                                                           queues=1)))
     with pytest.MonkeyPatch.context() as patch:
-        for name in ("allocate", "evict", "rollback"):
-            patch.setattr(Session, name, checking(getattr(Session, name)))
+        _after_each_decision(patch, ("allocate", "evict", "rollback"), check)
         result = schedule(snapshot, _config(False), 0.0)
     assert result.evictions
     assert {name: checks.count(name) >= 50 for name in ("allocate", "evict", "rollback")} == {
@@ -287,20 +313,16 @@ def test_no_task_becomes_pending_during_a_cycle():
     job with a pending task at any point of a cycle: checked after every change of state."""
     seen = []
 
-    def checking(method):
-        def wrapper(sess, *args, **kwargs):
-            out = method(sess, *args, **kwargs)
-            known = {id(job) for job in sess.pending_jobs}
-            assert all(id(job) in known for job in sess.jobs.values() if job.has_pending())
-            seen.append(method.__name__)
-            return out
-        return wrapper
+    def check(sess: Session, name: str) -> None:
+        known = {id(job) for job in sess.pending_jobs}
+        assert all(id(job) in known for job in sess.jobs.values() if job.has_pending())
+        seen.append(name)
 
     snapshot = _half_used_devices(_some_releasing(cluster(20, seed=1, pending_per_node=8,
                                                           queues=1)))
     with pytest.MonkeyPatch.context() as patch:
-        for name in ("allocate", "evict", "unevict", "set_status", "rollback"):
-            patch.setattr(Session, name, checking(getattr(Session, name)))
+        _after_each_decision(patch, ("allocate", "evict", "unevict", "set_status", "rollback"),
+                             check)
         result = schedule(snapshot, _config(False), 0.0)
     assert result.evictions and result.job_status  # victims taken, work left pending
     assert {"allocate", "evict", "rollback"} <= set(seen)

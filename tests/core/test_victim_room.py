@@ -8,8 +8,10 @@ import random
 
 import pytest
 
+from kai_ray.core.accounting import MILLI
 from kai_ray.core.actions import allocate
 from kai_ray.core.actions.gpu_room import GpuRoom, free_gpus
+from kai_ray.core.jobs import Task
 from kai_ray.core.model import (
     Job,
     Node,
@@ -20,7 +22,7 @@ from kai_ray.core.model import (
     SchedulerConfig,
     Snapshot,
 )
-from kai_ray.core.state import MILLI, Session, Task
+from kai_ray.core.state import Session
 from kai_ray.sim.synthetic import OPEN, cluster
 
 
@@ -36,20 +38,23 @@ def _greedy(needs: list[int], places: list[int]) -> bool:
 
 def _plain_rooms(sess: Session) -> dict[tuple[int, str], int]:
     """Room per live shared device with some, over every schedulable node."""
+    cluster = sess.cluster
     return {(n, g.gid): MILLI - g.used + g.releasing
-            for n in range(len(sess.nodes)) if sess.schedulable[n]
-            for g in sess.groups[n].values()
+            for n in range(len(cluster.nodes)) if cluster.schedulable[n]
+            for g in cluster.groups[n].values()
             if g.releasing < g.used and MILLI - g.used + g.releasing > 0}
 
 
 def _reference(sess: Session, prefix: list[Task], victims: list[Task]) -> bool:
     """Free whole GPUs per node and room per shared device after `victims` go, then the
     whole requests greedily, then the fractions into device rooms and the spare whole GPUs."""
-    whole = {n: int(sess.free_gpu()[n]) for n in range(len(sess.nodes)) if sess.schedulable[n]}
+    cluster = sess.cluster
+    whole = {n: int(cluster.free_gpu()[n])
+             for n in range(len(cluster.nodes)) if cluster.schedulable[n]}
     rooms = _plain_rooms(sess)
     freed: dict[tuple[int, str], int] = {}
     for t in victims:
-        if t.node < 0 or not sess.schedulable[t.node]:
+        if t.node < 0 or not cluster.schedulable[t.node]:
             continue
         if t.req.gpus:
             whole[t.node] += t.req.gpus
@@ -57,15 +62,15 @@ def _reference(sess: Session, prefix: list[Task], victims: list[Task]) -> bool:
         for gid in t.groups:
             key = (t.node, gid)
             freed[key] = freed.get(key, 0) + t.gpu_mem_cost
-            group = sess.groups[t.node][gid]
+            group = cluster.groups[t.node][gid]
             if freed[key] + group.releasing >= group.used:
                 whole[t.node] += 1
                 rooms.pop(key, None)
             else:
                 rooms[key] = MILLI - group.used + group.releasing + freed[key]
     whole_needs = [t.req.gpus for t in prefix if t.req.gpus]
-    widest = int(sess.gpu_mem.argmax())
-    fractions = [sess.device_cost(t.req, widest) for t in prefix
+    widest = int(cluster.gpu_mem.argmax())
+    fractions = [cluster.device_cost(t.req, widest) for t in prefix
                  for _ in range(t.req.fraction_devices) if t.req.is_shared]
     places = list(whole.values())
     if not _greedy(whole_needs, places):
@@ -83,7 +88,7 @@ def test_room_matches_a_plain_greedy_match(seed: int) -> None:
     pending = [t for t in sess.tasks if t.status == PodStatus.PENDING]
     # some running pods already releasing, so devices have releasing parts too
     for t in rng.sample(running, len(running) // 6):
-        sess.evict(t)
+        sess.statement.evict(t)
     candidates = [t for t in running if t.status == PodStatus.RUNNING]
     base = free_gpus(sess)
     checked = 0
@@ -94,7 +99,7 @@ def test_room_matches_a_plain_greedy_match(seed: int) -> None:
         victims = rng.sample(candidates, rng.randint(0, min(24, len(candidates))))
         if rng.random() < 0.5:
             # every pod of a few nodes: shared devices free up entirely
-            nodes = set(rng.sample(range(len(sess.nodes)), 3))
+            nodes = set(rng.sample(range(len(sess.cluster.nodes)), 3))
             victims = [t for t in candidates if t.node in nodes]
         room = GpuRoom(sess, base, prefix)
         expected = _reference(sess, prefix, victims)

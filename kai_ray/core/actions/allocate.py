@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 from kai_ray.core.actions.common import place_tasks
+from kai_ray.core.jobs import JobState
 from kai_ray.core.ordering import JobQueue
-from kai_ray.core.state import JobError, JobState, Session
+from kai_ray.core.state import JobError, Session
 
 
 def schedulable_jobs(sess: Session) -> list[JobState]:
     """Jobs any action may consider: a leaf queue that exists, ready, something pending."""
     out = []
     for job in sess.pending_jobs:
-        if job.has_pending() and sess.is_leaf(job.queue) and job.is_ready():
+        if job.has_pending() and sess.queues.is_leaf(job.queue) and job.is_ready():
             out.append(job)
     return out
 

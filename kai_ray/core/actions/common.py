@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from kai_ray.core import placement
 from kai_ray.core.capacity import check_job, job_level_request
+from kai_ray.core.jobs import JobState, Task
 from kai_ray.core.model import PodStatus
-from kai_ray.core.state import JobError, JobState, Session, Task
+from kai_ray.core.state import JobError, Session
 
 
 def job_label(namespace: str, name: str) -> str:
@@ -44,18 +45,18 @@ def place_tasks(sess: Session, job: JobState, tasks: list[Task], pipeline_only: 
         if record:
             record_error(sess, job, error.reason, error.message)
         return False
-    checkpoint = sess.checkpoint()
+    checkpoint = sess.statement.checkpoint()
     placed: list[Task] = []
     for task in tasks:
         choice, reasons = placement.choose(sess, task, explain=record)
         if choice is None:
-            sess.rollback(checkpoint)
+            sess.statement.rollback(checkpoint)
             if record:
                 record_error(sess, job, "Unschedulable",
                              gang_message(job, len(placed), len(tasks), task, reasons), reasons)
             return False
         pipelined = pipeline_only or not choice.on_idle
-        sess.allocate(task, choice.node, choice.groups, pipelined=pipelined)
+        sess.statement.allocate(task, choice.node, choice.groups, pipelined=pipelined)
         placed.append(task.moved or task)
     if not pipeline_only:
         _pipeline_whole_gang_if_needed(sess, job, placed)
@@ -75,5 +76,5 @@ def _pipeline_whole_gang_if_needed(sess: Session, job: JobState, placed: list[Ta
         if bound < ps.min_member:
             for t in placed:
                 if t.status == PodStatus.ALLOCATED:
-                    sess.set_status(t, PodStatus.PIPELINED)
+                    sess.statement.set_status(t, PodStatus.PIPELINED)
             return

@@ -7,8 +7,9 @@ from itertools import islice
 
 from kai_ray.core.actions.allocate import schedulable_jobs
 from kai_ray.core.actions.solver import FailedJobs, Solver, gpu_sums
+from kai_ray.core.jobs import JobState, Task
 from kai_ray.core.ordering import JobQueue, job_request
-from kai_ray.core.state import JobState, Session, Task
+from kai_ray.core.state import Session
 
 
 def _message(task: Task, preemptor: JobState) -> str:
@@ -31,8 +32,8 @@ def run(sess: Session) -> None:
         if not job.tasks_to_allocate():
             continue
         need = job_request(sess, job)[2]
-        if free_at is None or free_at[0] != len(sess.undo):
-            free_at = (len(sess.undo), _free_gpus(sess))
+        if free_at is None or free_at[0] != len(sess.statement.undo):
+            free_at = (len(sess.statement.undo), _free_gpus(sess))
         if need > free_at[1] + 1e-9:
             # a failed attempt like any other: a look-alike is skipped (consolidation.go)
             failed.record(job, "cluster")
@@ -56,4 +57,4 @@ def _free_gpus(sess: Session) -> float:
     """KAI's allocatable GPUs (IsEnoughGPUsAllocatableForJob): every schedulable node's idle
     and releasing GPU sums."""
     idle, releasing = gpu_sums(sess)
-    return float((idle + releasing)[sess.schedulable].sum()) / 100
+    return float((idle + releasing)[sess.cluster.schedulable].sum()) / 100

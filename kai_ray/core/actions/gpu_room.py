@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import numpy as np
 
-from kai_ray.core.state import MILLI, Group, Session, Task
+from kai_ray.core.accounting import MILLI
+from kai_ray.core.cluster import Group
+from kai_ray.core.jobs import Task
+from kai_ray.core.state import Session
 
 # free whole GPUs per node, room per shared device (node, device id)
 Whole = dict[int, int]
@@ -26,12 +29,13 @@ def freed_whole(group: Group, amount: int) -> bool:
 def free_gpus(sess: Session) -> tuple[Whole, Rooms]:
     """What is free now: whole GPUs per schedulable node that has some (idle or releasing),
     and room per shared device that has some and that not all its sharers are leaving."""
-    free = np.where(sess.schedulable, sess.free_gpu(), 0)
+    cluster = sess.cluster
+    free = np.where(cluster.schedulable, cluster.free_gpu(), 0)
     nodes = np.flatnonzero(free > 0).tolist()
     whole = dict(zip(nodes, free[nodes].tolist(), strict=True))
     rooms: Rooms = {}
-    for node in np.flatnonzero(sess.schedulable).tolist():
-        for gid, g in sess.groups[node].items():
+    for node in np.flatnonzero(cluster.schedulable).tolist():
+        for gid, g in cluster.groups[node].items():
             room = MILLI - g.used + g.releasing
             if g.releasing < g.used and room > 0:
                 rooms[(node, gid)] = room
@@ -42,8 +46,8 @@ def needs(sess: Session, prefix: list[Task]) -> tuple[list[int], list[int]]:
     """The prefix's whole-GPU requests and its fractions in milli of a device, largest first
     (a fraction at its cheapest: gpu-memory costs least on the biggest GPUs)."""
     whole = sorted((t.req.gpus for t in prefix if t.req.gpus), reverse=True)
-    widest = sess.widest_gpu_node()
-    fractions = sorted((sess.device_cost(t.req, widest) for t in prefix
+    widest = sess.cluster.widest_gpu_node()
+    fractions = sorted((sess.cluster.device_cost(t.req, widest) for t in prefix
                         for _ in range(t.req.fraction_devices) if t.req.is_shared),
                        reverse=True)
     return whole, fractions
@@ -91,7 +95,7 @@ class GpuRoom:
         """Count victim `t` as gone: its whole GPUs, or its share of each of its devices (a
         device all of whose sharers go becomes a whole GPU: its room is set to 0)."""
         sess = self.sess
-        if t.node < 0 or not sess.schedulable[t.node]:
+        if t.node < 0 or not sess.cluster.schedulable[t.node]:
             return
         if t.req.gpus:
             whole[t.node] = whole.get(t.node, self.base_whole.get(t.node, 0)) + t.req.gpus
@@ -99,7 +103,7 @@ class GpuRoom:
         for gid in t.groups:
             key = (t.node, gid)
             freed[key] = freed.get(key, 0) + t.gpu_mem_cost
-            group = sess.groups[t.node].get(gid)
+            group = sess.cluster.groups[t.node].get(gid)
             if group is None:
                 continue
             if freed_whole(group, freed[key]):

@@ -8,8 +8,9 @@ from kai_ray.core.actions.common import job_label
 from kai_ray.core.actions.runtime import protected
 from kai_ray.core.actions.solver import FailedJobs, Solver
 from kai_ray.core.capacity import check_non_preemptible, job_level_request
+from kai_ray.core.jobs import JobState, Task
 from kai_ray.core.ordering import JobQueue
-from kai_ray.core.state import JobState, Session, Task
+from kai_ray.core.state import Session
 
 
 def _message(task: Task, preemptor: JobState) -> str:

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import math
 
+from kai_ray.core.accounting import QueueState, leq
 from kai_ray.core.actions.allocate import schedulable_jobs
 from kai_ray.core.actions.common import job_label
 from kai_ray.core.actions.runtime import protected
 from kai_ray.core.actions.solver import FailedJobs, Solver
+from kai_ray.core.jobs import JobState, Task
 from kai_ray.core.ordering import JobQueue, job_request
-from kai_ray.core.state import JobState, QueueState, Session, Task, leq
+from kai_ray.core.state import Session
 
 Amounts = list[float]
 
@@ -39,7 +41,7 @@ class _Copy:
 
 
 def _path_root_first(sess: Session, queue: str) -> list[QueueState]:
-    return list(reversed(sess.queue_path(queue)))
+    return list(reversed(sess.queues.path(queue)))
 
 
 def _leveled(sess: Session, reclaimer: str, victim: str) -> tuple[QueueState, QueueState]:
@@ -78,7 +80,7 @@ def reclaimable(sess: Session, copy: _Copy, job: JobState, request: Amounts,
         for ps in victim_job.podsets.values():
             in_set = [t for t in tasks if t in ps.tasks]
             for i, t in enumerate(in_set):
-                amount = list(sess.task_queue_amount(t))
+                amount = list(sess.cluster.queue_amount(t))
                 if i < ps.min_member:
                     core = [core[r] + amount[r] for r in range(3)]
                     has_core = True
@@ -95,14 +97,14 @@ def reclaimable(sess: Session, copy: _Copy, job: JobState, request: Amounts,
         for chunk in chunks:
             if not _fits_strategy(copy, request, rq, vq, rem):
                 return False
-            for q in sess.queue_path(victim_queue):
+            for q in sess.queues.path(victim_queue):
                 left = remaining.setdefault(q.name, list(copy.allocated[q.name]))
                 for r in range(3):
                     left[r] -= chunk[r]
                 involved.setdefault(q.name, set()).update(involved[victim_queue])
     reclaimer_involved = _involved(request)
     mult = sess.config.reclaimer_saturation_multiplier
-    for q in sess.queue_path(job.queue):
+    for q in sess.queues.path(job.queue):
         base = remaining.get(q.name, copy.allocated[q.name])
         with_request = [base[r] + request[r] for r in range(3)]
         for sib_name, sib_left in remaining.items():

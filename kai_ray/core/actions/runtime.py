@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from kai_ray.core.state import JobState, Session
+from kai_ray.core.jobs import JobState
+from kai_ray.core.state import Session
 
 
 def _resolve(sess: Session, queue: str, kind: str) -> float:
-    for q in sess.queue_path(queue):
+    for q in sess.queues.path(queue):
         value = q.preempt_min_runtime if kind == "preempt" else q.reclaim_min_runtime
         if value is not None:
             return value

@@ -35,9 +35,10 @@ import numpy.typing as npt
 from kai_ray.core.actions.common import place_tasks
 from kai_ray.core.actions.gpu_room import GpuRoom, Rooms, Whole, free_gpus
 from kai_ray.core.actions.victims import VictimUnit, victim_units
+from kai_ray.core.jobs import JobState, Task
 from kai_ray.core.model import ACTIVE_ALLOCATED, PodStatus
 from kai_ray.core.ordering import JobQueue, PendingOrder, scenario_queue
-from kai_ray.core.state import EvictInfo, JobState, Session, Task
+from kai_ray.core.state import EvictInfo, Session
 
 # (evicted, moved) -> whether the action accepts the scenario. A rejection takes no queue's jobs
 # out of the search: KAI goes on adding victims, and a later scenario may keep or move the
@@ -102,12 +103,13 @@ def gpu_sums(sess: Session) -> tuple[npt.NDArray[np.int64], npt.NDArray[np.int64
     sharer holds, what is left of it (rounded down); releasing: whole releasing GPUs plus, per
     shared device partly releasing, the releasing part (rounded up). A device only pipelined
     sharers hold counts in neither."""
-    held = sess.dev_on & (sess.dev_used > 0)
-    left = np.where(held, 100 - (sess.dev_used + 9) // 10, 0).sum(axis=1)
-    idle: npt.NDArray[np.int64] = 100 * (sess.cap_gpu - sess.used_gpu) + left
-    releasing: npt.NDArray[np.int64] = 100 * sess.rel_gpu
-    for node in np.flatnonzero((sess.dev_on & (sess.dev_rel > 0)).any(axis=1)).tolist():
-        for g in sess.groups[node].values():
+    cluster = sess.cluster
+    held = cluster.dev_on & (cluster.dev_used > 0)
+    left = np.where(held, 100 - (cluster.dev_used + 9) // 10, 0).sum(axis=1)
+    idle: npt.NDArray[np.int64] = 100 * (cluster.cap_gpu - cluster.used_gpu) + left
+    releasing: npt.NDArray[np.int64] = 100 * cluster.rel_gpu
+    for node in np.flatnonzero((cluster.dev_on & (cluster.dev_rel > 0)).any(axis=1)).tolist():
+        for g in cluster.groups[node].values():
             if g.releasing > 0 and g.releasing != g.used + g.pipelined:
                 releasing[node] += (g.releasing + 9) // 10
     return idle, releasing
@@ -186,7 +188,7 @@ class Solver:
         tasks = job.tasks_to_allocate()
         if not tasks:
             return False
-        base = sess.checkpoint()
+        base = sess.statement.checkpoint()
         active_before = job.active_count()
         # the state is rolled back to `base` before every prefix, so the candidates and the free
         # GPUs are the same for all of them
@@ -206,10 +208,10 @@ class Solver:
             recorded, actual = found
             solved = k == len(tasks)
             if not solved:
-                sess.rollback(base)
+                sess.statement.rollback(base)
         if solved and job.gang_satisfied() and job.active_count() > active_before:
             return True
-        sess.rollback(base)
+        sess.statement.rollback(base)
         return False
 
     def _hopeless(self, tasks: list[Task], units: list[VictimUnit]) -> bool:
@@ -328,14 +330,14 @@ class Solver:
         """Simulate one scenario, placing only on `nodes` (None: any). On success the state
         stays applied and the victims that matter (evicted or moved) are returned."""
         sess = self.sess
-        checkpoint = sess.checkpoint()
+        checkpoint = sess.statement.checkpoint()
         victim_jobs = list({id(t.job): t.job for t in victims if t.job is not job}.values())
         # the other pending jobs matter only where the wanted ones are in more than one queue;
         # they are taken as they are now, before the scenario changes the wanted ones
         others = (PendingOrder.of(sess) if any(j.queue != job.queue for j in victim_jobs)
                   else None)
         for task in victims:
-            sess.evict(task)
+            sess.statement.evict(task)
             sess.evict_info[task.idx] = EvictInfo(self.action, job.name,
                                                   partial(self.message, task, job))
         order = scenario_queue(sess, [job, *victim_jobs], others, prefix)
@@ -345,11 +347,11 @@ class Solver:
         finally:
             sess.node_filter = None
         if not placed:
-            sess.rollback(checkpoint)
+            sess.statement.rollback(checkpoint)
             return None
         evicted = [t for t in victims if t.status == PodStatus.RELEASING and t.moved is None]
         moved = [t for t in victims if t.moved is not None]
         if not self.validator(evicted, moved):
-            sess.rollback(checkpoint)
+            sess.statement.rollback(checkpoint)
             return None
         return evicted + moved

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from functools import partial
 
+from kai_ray.core.jobs import JobState
 from kai_ray.core.model import ACTIVE_ALLOCATED, ACTIVE_USED, PodStatus
-from kai_ray.core.state import EvictInfo, JobState, Session
+from kai_ray.core.state import EvictInfo, Session
 
 
 def _is_stale(job: JobState) -> bool:
@@ -44,7 +45,7 @@ def run(sess: Session, stale_set: dict[str, float], stale_cleared: list[str]) ->
         minimum = sum(ps.min_member for ps in job.podsets.values())
         for task in job.tasks:
             if task.status in ACTIVE_ALLOCATED and task.moved is None:
-                sess.evict(task)
+                sess.statement.evict(task)
                 message = (f"Workload doesn't meet the minimum required number of pods "
                            f"({minimum}), evicting remaining pod: {task.namespace}/{task.name}")
                 sess.evict_info[task.idx] = EvictInfo("stalegangeviction", None,

@@ -5,8 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
+from kai_ray.core.jobs import JobState, Task
 from kai_ray.core.model import QUEUE_ALLOCATED, PodStatus
-from kai_ray.core.state import JobState, Session, Task
+from kai_ray.core.state import Session
 
 _VICTIM_STATES = (PodStatus.ALLOCATED, PodStatus.BINDING, PodStatus.BOUND, PodStatus.RUNNING)
 
