@@ -7,20 +7,16 @@ take the child whose subtree's best job compares best. `reverse=True` gives the 
 
 from __future__ import annotations
 
-from bisect import bisect_left
 from collections.abc import Iterable
 from heapq import heapify, heappop, heappush
 from typing import Generic, Protocol, TypeVar
 
 from kai_ray.core.accounting import QueueState, leq, pending_amount
 from kai_ray.core.jobs import JobState, Task
-from kai_ray.core.scratch import Key
 from kai_ray.core.state import Session
 
 _ZERO_SHARE_MULT = 1000.0
 E = TypeVar("E", bound="Entry")
-# the session's pending order, in step with the undo log (`PendingOrder.of`)
-PENDING_ORDER: Key[PendingOrder] = Key("pending order")
 
 
 def job_request(sess: Session, job: JobState, simulation: bool = False
@@ -290,83 +286,27 @@ class JobQueue(Generic[E]):
         self.untaken = []
 
 
-class PendingOrder:
-    """The jobs with a pending task, per leaf queue in job order, kept in step with the session
-    through its undo log: only the jobs of the entries since it was last brought up to date are
-    looked at again (a job's order and pending state change only with its tasks)."""
-
-    def __init__(self, sess: Session) -> None:
-        self.version = len(sess.statement.undo)
-        # per leaf queue: order numbers ascending, and the jobs in the same order
-        self.numbers: dict[str, list[int]] = {}
-        self.jobs: dict[str, list[JobState]] = {}
-        self.entry: dict[int, tuple[str, int]] = {}  # id(job) -> (queue, order number)
-        for job in sess.pending_jobs:
-            if job.has_pending() and sess.queues.is_leaf(job.queue):
-                number = job.order_number(sess)
-                self.jobs.setdefault(job.queue, []).append(job)
-                self.entry[id(job)] = (job.queue, number)
-        for queue, jobs in self.jobs.items():
-            jobs.sort(key=lambda job: self.entry[id(job)][1])
-            self.numbers[queue] = [self.entry[id(job)][1] for job in jobs]
-
-    @staticmethod
-    def of(sess: Session) -> PendingOrder:
-        """The session's, in step with its current state."""
-        known = sess.scratch.get(PENDING_ORDER)
-        now = len(sess.statement.undo)
-        if known is None or known.version > now:
-            known = sess.scratch.put(PENDING_ORDER, PendingOrder(sess))
-        elif known.version < now:
-            touched = {id(e[1].job): e[1].job for e in sess.statement.undo[known.version:]
-                       if isinstance(e[1], Task)}
-            for job in touched.values():
-                known._remove(job)
-                known._add(sess, job)
-            known.version = now
-        return known
-
-    def _add(self, sess: Session, job: JobState) -> None:
-        # a job in a parent queue or one missing from the tree is never popped
-        if not job.has_pending() or not sess.queues.is_leaf(job.queue):
-            return
-        number = job.order_number(sess)
-        numbers = self.numbers.setdefault(job.queue, [])
-        at = bisect_left(numbers, number)
-        numbers.insert(at, number)
-        self.jobs.setdefault(job.queue, []).insert(at, job)
-        self.entry[id(job)] = (job.queue, number)
-
-    def _remove(self, job: JobState) -> None:
-        known = self.entry.pop(id(job), None)
-        if known is None:
-            return
-        queue, number = known
-        numbers, jobs = self.numbers[queue], self.jobs[queue]
-        at = bisect_left(numbers, number)
-        while jobs[at] is not job:  # equal numbers (jobs of one name): look on
-            at += 1
-        del numbers[at]
-        del jobs[at]
+def pending_leaf_jobs(sess: Session) -> list[tuple[int, JobState]]:
+    """Every job with a pending task in a leaf queue of the tree, with its order number, in job
+    order (a job in a parent queue, or in a queue left out of the tree, is never popped)."""
+    found = [(job.order_number(sess), job) for job in sess.pending_jobs
+             if job.has_pending() and sess.queues.is_leaf(job.queue)]
+    found.sort(key=lambda entry: entry[0])
+    return found
 
 
-def scenario_queue(sess: Session, wanted: list[JobState], pending: PendingOrder | None,
+def scenario_queue(sess: Session, wanted: list[JobState],
+                   pending: list[tuple[int, JobState]] | None,
                    prefix: list[Task]) -> JobQueue[JobState]:
     """The order in which a victim scenario places its preemptor and victims again (`wanted`,
     distinct, as they are once the victims are evicted; the preemptor first). KAI pops them
     from a queue over every job with a pending task (GetJobsToAllocate); it skips the others,
     but while one of them is the first of its queue it is what that queue is compared by.
-    `pending` holds those others as they were before the scenario (it changes only the wanted
-    jobs); it is needed only when the wanted jobs are in more than one queue. The preemptor
-    is compared by what its `prefix` asks: KAI puts in its place the partial job of the prefix
-    (job_solver.go getPartialJobRepresentative, action.go GetJobsToAllocate).
-
-    Only the jobs that can change which wanted job pops next are taken: a subtree without a
-    wanted job matters only through its parent's best job, and that only where the parent
-    competes with a sibling that has one ("contested"). So a leaf under a contested parent
-    takes all its pending jobs; a contested leaf under an uncontested parent only those before
-    its last wanted job (after that it has nothing to stand for); any other leaf none (when
-    every wanted job is in one queue, their own job order is the whole answer)."""
+    `pending` holds those others as they were before the scenario (`pending_leaf_jobs`: it
+    changes only the wanted jobs); None when the wanted jobs are all in one queue, where their
+    own job order is the whole answer. The preemptor is compared by what its `prefix` asks: KAI
+    puts in its place the partial job of the prefix (job_solver.go
+    getPartialJobRepresentative, action.go GetJobsToAllocate)."""
     # the preemptor's partial job holds only the prefix's pending pods, each podset's minimum
     # that many: it is below its minimum (the elastic order's first rank), however many of the
     # whole job's pods run (job_solver.go getPartialJobRepresentative, elastic.go JobOrderFn)
@@ -374,44 +314,13 @@ def scenario_queue(sess: Session, wanted: list[JobState], pending: PendingOrder 
     numbers = [sess.order_number((-first.priority, 0, first.created, first.name))]
     numbers += [job.order_number(sess) for job in wanted[1:]]
     heaps: dict[str, list[tuple[int, int, JobState]]] = {}
-    last: dict[str, int] = {}  # per leaf: its last wanted job's number
     for job, number in zip(wanted, numbers, strict=True):
         heaps.setdefault(job.queue, []).append((number, len(heaps[job.queue]), job))
-        last[job.queue] = max(number, last.get(job.queue, number))
-    if len(heaps) > 1 and pending is not None:
-        relevant: set[str] = set()
-        relevant_children: dict[str, int] = {}  # per parent ("" for the roots)
-        for queue in heaps:
-            path = sess.queues.path(queue)
-            if not path or path[-1].parent:
-                continue  # not in the tree: never popped
-            for q in path:
-                if q.name in relevant:
-                    break
-                relevant.add(q.name)
-                parent = q.parent or ""
-                relevant_children[parent] = relevant_children.get(parent, 0) + 1
+    if pending is not None:
         wanted_ids = {id(job) for job in wanted}
-        for queue, jobs in pending.jobs.items():
-            path = sess.queues.path(queue)
-            if not path or path[-1].parent:
-                continue
-            # contested: the leaf's subtree, and its parent's (`above`) by the end of the walk
-            contested = above = False
-            for q in reversed(path):  # root first
-                above = contested
-                contested = contested or (q.name in relevant
-                                          and relevant_children[q.parent or ""] >= 2)
-            if above:
-                count = len(jobs)
-            elif contested:
-                count = bisect_left(pending.numbers[queue], last[queue])
-            else:
-                continue
-            heap = heaps.setdefault(queue, [])
-            for job, number in zip(jobs[:count], pending.numbers[queue][:count], strict=True):
-                if id(job) not in wanted_ids:
-                    heap.append((number, 0, job))
+        for number, job in pending:
+            if id(job) not in wanted_ids:
+                heaps.setdefault(job.queue, []).append((number, 0, job))
     seq = 0
     for heap in heaps.values():
         for i, (number, _, job) in enumerate(heap):

@@ -37,7 +37,7 @@ from kai_ray.core.actions.gpu_room import GpuRoom, Rooms, Whole, free_gpus
 from kai_ray.core.actions.victims import VictimUnit, victim_units
 from kai_ray.core.jobs import JobState, Task
 from kai_ray.core.model import ACTIVE_ALLOCATED, PodStatus
-from kai_ray.core.ordering import JobQueue, PendingOrder, scenario_queue
+from kai_ray.core.ordering import JobQueue, pending_leaf_jobs, scenario_queue
 from kai_ray.core.state import EvictInfo, Session
 
 # (evicted, moved) -> whether the action accepts the scenario. A rejection takes no queue's jobs
@@ -334,7 +334,7 @@ class Solver:
         victim_jobs = list({id(t.job): t.job for t in victims if t.job is not job}.values())
         # the other pending jobs matter only where the wanted ones are in more than one queue;
         # they are taken as they are now, before the scenario changes the wanted ones
-        others = (PendingOrder.of(sess) if any(j.queue != job.queue for j in victim_jobs)
+        others = (pending_leaf_jobs(sess) if any(j.queue != job.queue for j in victim_jobs)
                   else None)
         for task in victims:
             sess.statement.evict(task)
