@@ -10,11 +10,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from kai_ray.core.jobs import JobState
-from kai_ray.core.model import MIN_NODE_GPU_MEMORY_MIB, Request, Snapshot
+from kai_ray.core.model import MILLI, MIN_NODE_GPU_MEMORY_MIB, Amounts, Request, Snapshot
 from kai_ray.core.queuetree import excluded_queues
-
-MILLI = 1000
-Amounts = tuple[float, float, float]
 
 
 @dataclass

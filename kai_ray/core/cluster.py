@@ -13,9 +13,8 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
-from kai_ray.core.accounting import MILLI, Amounts
 from kai_ray.core.jobs import Task
-from kai_ray.core.model import Node, PodStatus, Request
+from kai_ray.core.model import MILLI, Amounts, Node, PodStatus, Request
 
 IntArray = npt.NDArray[np.int64]
 

@@ -13,6 +13,10 @@ from enum import StrEnum
 from kai_ray.core.constraints import Taint, Term, Toleration
 
 UNLIMITED = -1.0
+# a shared GPU device's usage is counted in milli of the device
+MILLI = 1000
+# per-resource amounts: (cpu milli, memory bytes, GPUs)
+Amounts = tuple[float, float, float]
 # KAI's minNodeGpuMemory is effectively always 100 MiB; pending gpu-memory requests
 # are converted to GPUs with it for fair share, queue order and reclaim.
 MIN_NODE_GPU_MEMORY_MIB = 100

@@ -15,8 +15,8 @@ import numpy as np
 import numpy.typing as npt
 
 from kai_ray.core import packing
-from kai_ray.core.accounting import MILLI
 from kai_ray.core.jobs import Task
+from kai_ray.core.model import MILLI
 from kai_ray.core.scratch import Key
 from kai_ray.core.state import Session
 

@@ -17,11 +17,10 @@ import numpy as np
 import numpy.typing as npt
 
 from kai_ray.core import packing_policy
-from kai_ray.core.accounting import MILLI
 from kai_ray.core.cluster import Group
 from kai_ray.core.constraints import affinity_matches, untolerated
 from kai_ray.core.jobs import Task
-from kai_ray.core.model import Request
+from kai_ray.core.model import MILLI, Request
 from kai_ray.core.scratch import Key
 from kai_ray.core.state import Session
 

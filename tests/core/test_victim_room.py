@@ -8,11 +8,11 @@ import random
 
 import pytest
 
-from kai_ray.core.accounting import MILLI
 from kai_ray.core.actions import allocate
 from kai_ray.core.actions.gpu_room import GpuRoom, free_gpus
 from kai_ray.core.jobs import Task
 from kai_ray.core.model import (
+    MILLI,
     Job,
     Node,
     Pod,

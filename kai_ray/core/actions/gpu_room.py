@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from kai_ray.core.accounting import MILLI
 from kai_ray.core.cluster import Group
 from kai_ray.core.jobs import Task
+from kai_ray.core.model import MILLI
 from kai_ray.core.state import Session
 
 # free whole GPUs per node, room per shared device (node, device id)
