@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kai_ray.core.jobs import JobState, Task
+from kai_ray.core.model import Amounts
 from kai_ray.core.state import Session
 
 OVER_LIMIT = "OverLimit"
@@ -28,7 +29,7 @@ def _fmt(value: float, r: int) -> str:
     return f"{shown:g}" if r != 2 else f"{round(shown, 2):g}"
 
 
-def job_level_request(sess: Session, tasks: list[Task]) -> tuple[float, float, float]:
+def job_level_request(sess: Session, tasks: list[Task]) -> Amounts:
     """Sum of the tasks' requests as the capacity policy sees them: gpu-memory tasks count 0 GPU
     at job level (KAI's capacity_policy quirk)."""
     cpu = mem = gpu = 0.0
@@ -42,7 +43,7 @@ def job_level_request(sess: Session, tasks: list[Task]) -> tuple[float, float, f
     return (cpu, mem, gpu)
 
 
-def check_job(sess: Session, job: JobState, request: tuple[float, float, float]
+def check_job(sess: Session, job: JobState, request: Amounts
               ) -> CapacityError | None:
     for q in sess.queues.path(job.queue):
         for r in (2, 0, 1):
@@ -61,7 +62,7 @@ def check_job(sess: Session, job: JobState, request: tuple[float, float, float]
     return None
 
 
-def check_non_preemptible(sess: Session, job: JobState, request: tuple[float, float, float]
+def check_non_preemptible(sess: Session, job: JobState, request: Amounts
                           ) -> CapacityError | None:
     for q in sess.queues.path(job.queue):
         for r in (2, 0, 1):

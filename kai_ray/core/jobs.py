@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from kai_ray.core.model import ACTIVE_ALLOCATED, ALIVE, Job, Pod, PodStatus, Request
+from kai_ray.core.model import ACTIVE_ALLOCATED, ALIVE, Amounts, Job, Pod, PodStatus, Request
 
 
 class OrderRanks(Protocol):
@@ -142,7 +142,7 @@ class JobState:
         self.changes = 0
         # made on first use (most jobs of a busy cluster never need them)
         self.to_allocate: dict[bool, tuple[int, list[Task]]] | None = None
-        self.requested: dict[bool, tuple[int, tuple[float, float, float]]] | None = None
+        self.requested: dict[bool, tuple[int, Amounts]] | None = None
         # KAI's scheduling-constraints signature, fixed on first use (actions/solver.py)
         self.signature: tuple[object, ...] | None = None
         self.uses_subgroups = bool(job.subgroups)
@@ -194,7 +194,7 @@ class JobState:
         """`order_key` as the session numbers it (not kept: the rank changes)."""
         return ranks.order_number(self.order_key())
 
-    def victim_amount(self) -> tuple[float, float, float]:
+    def victim_amount(self) -> Amounts:
         return (0.0, 0.0, 0.0)
 
     def is_ready(self) -> bool:

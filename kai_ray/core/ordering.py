@@ -7,12 +7,13 @@ take the child whose subtree's best job compares best. `reverse=True` gives the 
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from heapq import heapify, heappop, heappush
 from typing import Generic, Protocol, TypeVar
 
 from kai_ray.core.accounting import QueueState, leq, pending_amount
 from kai_ray.core.jobs import JobState, Task
+from kai_ray.core.model import Amounts
 from kai_ray.core.state import Session
 
 _ZERO_SHARE_MULT = 1000.0
@@ -20,7 +21,7 @@ E = TypeVar("E", bound="Entry")
 
 
 def job_request(sess: Session, job: JobState, simulation: bool = False
-                ) -> tuple[float, float, float]:
+                ) -> Amounts:
     """The candidate request of a job: its tasks-to-allocate (pending gpu-memory via 100 MiB)."""
     cache = job.requested
     if cache is None:
@@ -45,68 +46,55 @@ def _share(sess: Session, q: QueueState, r: int, allocated: float) -> float:
     return allocated * _ZERO_SHARE_MULT if allocatable == 0 else allocated / allocatable
 
 
-def _dominant_share(sess: Session, q: QueueState, extra0: float, extra1: float,
-                    extra2: float) -> float:
-    # unrolled over the three resources (here and in compare_queues): no generator, tuple or
-    # list per comparison, and plain float arithmetic when compiled
+def _dominant_share(sess: Session, q: QueueState, extra: Amounts = (0.0, 0.0, 0.0)) -> float:
+    """The queue's largest share over the resources, with `extra` allocated."""
     share = 0.0
-    value = _share(sess, q, 0, q.allocated[0] + extra0)
-    if value > share:
-        share = value
-    value = _share(sess, q, 1, q.allocated[1] + extra1)
-    if value > share:
-        share = value
-    value = _share(sess, q, 2, q.allocated[2] + extra2)
-    if value > share:
-        share = value
+    for r in range(3):
+        share = max(share, _share(sess, q, r, q.allocated[r] + extra[r]))
     return share
 
 
 def _over(q: QueueState) -> bool:
-    fair, allocated = q.fair_share, q.allocated
-    return fair[0] < allocated[0] and fair[1] < allocated[1] and fair[2] < allocated[2]
+    return all(q.fair_share[r] < q.allocated[r] for r in range(3))
 
 
-def _zero_quota_wanted(q: QueueState, with_request: list[float]) -> bool:
-    return ((q.allocatable(0) == 0 and with_request[0] > 0)
-            or (q.allocatable(1) == 0 and with_request[1] > 0)
-            or (q.allocatable(2) == 0 and with_request[2] > 0))
+def _zero_quota_wanted(q: QueueState, with_request: Amounts) -> bool:
+    return any(q.allocatable(r) == 0 and with_request[r] > 0 for r in range(3))
 
 
-def compare_queues(sess: Session, lq: QueueState, rq: QueueState,
-                   lreq: tuple[float, float, float], rreq: tuple[float, float, float],
-                   ltaken: tuple[float, float, float] = (0.0, 0.0, 0.0),
-                   rtaken: tuple[float, float, float] = (0.0, 0.0, 0.0)) -> int:
+def _plus(a: Sequence[float], b: Amounts) -> Amounts:
+    return (a[0] + b[0], a[1] + b[1], a[2] + b[2])
+
+
+def _minus(a: Amounts, b: Amounts) -> Amounts:
+    return (a[0] - b[0], a[1] - b[1], a[2] - b[2])
+
+
+def compare_queues(sess: Session, lq: QueueState, rq: QueueState, lreq: Amounts, rreq: Amounts,
+                   ltaken: Amounts = (0.0, 0.0, 0.0), rtaken: Amounts = (0.0, 0.0, 0.0)) -> int:
     """Negative when `lq` goes first (KAI's queue_order.go). `*taken` (victim order only)
     lower the queue's dominant share: what KAI counts as the queue's victims so far."""
-    l_over = _over(lq)
-    r_over = _over(rq)
+    l_over, r_over = _over(lq), _over(rq)
     if l_over != r_over:
         return 1 if l_over else -1
-    la, ra = lq.allocated, rq.allocated
-    l_with = [la[0] + lreq[0], la[1] + lreq[1], la[2] + lreq[2]]
-    r_with = [ra[0] + rreq[0], ra[1] + rreq[1], ra[2] + rreq[2]]
-    l_starved = leq(l_with, lq.deserved)
-    r_starved = leq(r_with, rq.deserved)
+    l_with, r_with = _plus(lq.allocated, lreq), _plus(rq.allocated, rreq)
+    l_starved, r_starved = leq(l_with, lq.deserved), leq(r_with, rq.deserved)
     if l_starved != r_starved:
         return -1 if l_starved else 1
     if lq.priority != rq.priority:
         return -1 if lq.priority > rq.priority else 1
-    l_zero = _zero_quota_wanted(lq, l_with)
-    r_zero = _zero_quota_wanted(rq, r_with)
+    l_zero, r_zero = _zero_quota_wanted(lq, l_with), _zero_quota_wanted(rq, r_with)
     if l_zero != r_zero:
         return 1 if l_zero else -1
-    ls = _dominant_share(sess, lq, lreq[0] - ltaken[0], lreq[1] - ltaken[1],
-                         lreq[2] - ltaken[2])
-    rs = _dominant_share(sess, rq, rreq[0] - rtaken[0], rreq[1] - rtaken[1],
-                         rreq[2] - rtaken[2])
+    ls = _dominant_share(sess, lq, _minus(lreq, ltaken))
+    rs = _dominant_share(sess, rq, _minus(rreq, rtaken))
     if ls != rs:
         return -1 if ls < rs else 1
-    ls, rs = _dominant_share(sess, lq, 0.0, 0.0, 0.0), _dominant_share(sess, rq, 0.0, 0.0, 0.0)
+    ls, rs = _dominant_share(sess, lq), _dominant_share(sess, rq)
     if ls != rs:
         return -1 if ls < rs else 1
-    lcap = [lq.allocatable(0), lq.allocatable(1), lq.allocatable(2)]
-    rcap = [rq.allocatable(0), rq.allocatable(1), rq.allocatable(2)]
+    lcap = [lq.allocatable(r) for r in range(3)]
+    rcap = [rq.allocatable(r) for r in range(3)]
     if leq(lcap, rcap) and not leq(rcap, lcap):
         return -1
     if leq(rcap, lcap) and not leq(lcap, rcap):
@@ -127,7 +115,7 @@ class Entry(Protocol):
 
     def order_number(self, sess: Session) -> int: ...
 
-    def victim_amount(self) -> tuple[float, float, float]: ...
+    def victim_amount(self) -> Amounts: ...
 
 
 class JobQueue(Generic[E]):
@@ -143,9 +131,9 @@ class JobQueue(Generic[E]):
         self.reverse = reverse
         self.simulation = simulation
         # a job compared by another request than its own (a victim scenario's preemptor)
-        self.request_of: tuple[JobState, tuple[float, float, float]] | None = None
+        self.request_of: tuple[JobState, Amounts] | None = None
         # per leaf queue, the victim amounts of the items popped from it (victim order only)
-        self.popped: dict[str, tuple[float, float, float]] = {}
+        self.popped: dict[str, Amounts] = {}
         # popped victim items not yet in `popped`: it only matters when two queues are
         # compared, so a single-queue pop defers the accounting
         self.untaken: list[E] = []
@@ -185,7 +173,7 @@ class JobQueue(Generic[E]):
     def __bool__(self) -> bool:
         return bool(self.live_queues())
 
-    def _request(self, item: E) -> tuple[float, float, float]:
+    def _request(self, item: E) -> Amounts:
         # victims are compared on what their queue holds, not on what they still want
         if self.reverse:
             return (0.0, 0.0, 0.0)
@@ -264,7 +252,7 @@ class JobQueue(Generic[E]):
             known = self.reachable[queue] = bool(path) and not path[-1].parent
         return known
 
-    def _victims(self, cand: E) -> tuple[float, float, float]:
+    def _victims(self, cand: E) -> Amounts:
         """What a subtree's share is lowered by in the victim order, `cand` being the item it
         would give next: KAI (job_order_by_queue.go, VictimQueue) subtracts the jobs already
         popped from `cand`'s leaf queue and `cand` itself, at every level of the tree (a parent

@@ -14,7 +14,7 @@ from kai_ray.core import fairshare
 from kai_ray.core.actions import allocate, consolidation, preempt, reclaim, stale
 from kai_ray.core.capacity import QUEUE_DOES_NOT_EXIST
 from kai_ray.core.jobs import Task
-from kai_ray.core.model import ACTIVE_USED, ALIVE, PodStatus, SchedulerConfig, Snapshot
+from kai_ray.core.model import ACTIVE_USED, ALIVE, Amounts, PodStatus, SchedulerConfig, Snapshot
 from kai_ray.core.queuetree import QUEUE_PARENT_CYCLE
 from kai_ray.core.result import (
     Bind,
@@ -156,7 +156,7 @@ def _collect(sess: Session, result: CycleResult, existing_groups: set[str]) -> N
             allocated_non_preemptible=_t(q.allocated_np), requested=_t(q.request))
 
 
-def _t(v: list[float]) -> tuple[float, float, float]:
+def _t(v: list[float]) -> Amounts:
     return (v[0], v[1], v[2])
 
 

@@ -14,7 +14,14 @@ from dataclasses import dataclass
 from kai_ray.core.accounting import QueueAccounting, pending_amount
 from kai_ray.core.cluster import ClusterState
 from kai_ray.core.jobs import JobState, Task
-from kai_ray.core.model import ACTIVE_USED, QUEUE_ALLOCATED, PodStatus, SchedulerConfig, Snapshot
+from kai_ray.core.model import (
+    ACTIVE_USED,
+    QUEUE_ALLOCATED,
+    PodStatus,
+    Request,
+    SchedulerConfig,
+    Snapshot,
+)
 from kai_ray.core.scratch import Scratch
 from kai_ray.core.statement import Statement
 
@@ -58,7 +65,7 @@ class Session:
         self.node_filter: list[int] | None = None
         # what other modules derive once per session, under their own typed keys
         self.scratch = Scratch()
-        self._shapes: dict[tuple[object, ...], int] = {}  # see `shape_of`
+        self._shapes: dict[tuple[Request, tuple[object, ...]], int] = {}  # see `shape_of`
         self._name_rank: dict[str, int] | None = None
         self._order_ranks: tuple[dict[int, int], dict[float, int], int, int] | None = None
         self._load(snapshot)
@@ -120,11 +127,7 @@ class Session:
         """A number per request and constraints: equal numbers, the same request on the same
         nodes. Numbered when first asked (only tasks being placed are: most pods just run)."""
         if task.shape < 0:
-            r = task.req
-            # the request's numbers as a flat tuple (hashes in C; hashing the dataclass runs
-            # its generated __hash__, several thousand instructions)
-            key = (r.cpu_m, r.memory, r.gpus, r.gpu_fraction_milli, r.gpu_memory_mib,
-                   r.fraction_devices, task.constraints)
+            key = (task.req, task.constraints)
             task.shape = self._shapes.setdefault(key, len(self._shapes))
         return task.shape
 

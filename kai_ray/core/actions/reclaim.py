@@ -14,10 +14,11 @@ from kai_ray.core.jobs import JobState, Task
 from kai_ray.core.ordering import JobQueue, job_request
 from kai_ray.core.state import Session
 
-Amounts = list[float]
+# per-resource amounts being added up (cpu, memory, GPUs): lists, changed in place
+Resources = list[float]
 
 
-def _fmt_res(v: Amounts) -> str:
+def _fmt_res(v: Resources) -> str:
     return f"CPU: {v[0] / 1000:g} (cores), memory: {v[1] / 1e9:g} (GB), Gpus: {v[2]:g}"
 
 
@@ -54,7 +55,7 @@ def _leveled(sess: Session, reclaimer: str, victim: str) -> tuple[QueueState, Qu
     return ra, rb
 
 
-def _involved(amount: Amounts) -> set[int]:
+def _involved(amount: Resources) -> set[int]:
     return {r for r in range(3) if amount[r] > 0}
 
 
@@ -66,15 +67,15 @@ def _ratio(allocated: float, fair: float) -> float:
     return allocated / fair
 
 
-def reclaimable(sess: Session, copy: _Copy, job: JobState, request: Amounts,
+def reclaimable(sess: Session, copy: _Copy, job: JobState, request: Resources,
                 evicted: list[Task]) -> bool:
     """KAI's reclaim validation on the queue numbers frozen at the attempt's start: whether the
     victims may be taken (no victim-side queue would go below its share, and the reclaimer's
     side stays within what it may reach)."""
-    chunks_by_queue: dict[str, list[Amounts]] = {}
+    chunks_by_queue: dict[str, list[Resources]] = {}
     for victim_job in {id(t.job): t.job for t in evicted}.values():
         tasks = [t for t in evicted if t.job is victim_job]
-        core: Amounts = [0.0, 0.0, 0.0]
+        core: Resources = [0.0, 0.0, 0.0]
         has_core = False
         chunks = chunks_by_queue.setdefault(victim_job.queue, [])
         for ps in victim_job.podsets.values():
@@ -88,7 +89,7 @@ def reclaimable(sess: Session, copy: _Copy, job: JobState, request: Amounts,
                     chunks.append(amount)
         if has_core:
             chunks.append(core)
-    remaining: dict[str, Amounts] = {}
+    remaining: dict[str, Resources] = {}
     involved: dict[str, set[int]] = {}
     for victim_queue, chunks in chunks_by_queue.items():
         rq, vq = _leveled(sess, job.queue, victim_queue)
@@ -125,8 +126,8 @@ def reclaimable(sess: Session, copy: _Copy, job: JobState, request: Amounts,
     return True
 
 
-def _fits_strategy(copy: _Copy, request: Amounts, rq: QueueState, vq: QueueState,
-                   remaining: Amounts) -> bool:
+def _fits_strategy(copy: _Copy, request: Resources, rq: QueueState, vq: QueueState,
+                   remaining: Resources) -> bool:
     allocatable = [vq.allocatable(r) for r in range(3)]
     if not leq(remaining, allocatable):
         return True  # MaintainFairShare: the victim side is still above its share
@@ -169,7 +170,7 @@ def run(sess: Session) -> None:
                     and not protected(sess, v, "reclaim", reclaimer_queue=own)]
 
         def validate(evicted: list[Task], moved: list[Task], job: JobState = job,
-                     copy: _Copy = copy, req: Amounts = req) -> bool:
+                     copy: _Copy = copy, req: Resources = req) -> bool:
             counted = evicted if sess.config.allow_consolidating_reclaim else evicted + moved
             return reclaimable(sess, copy, job, req, counted)
 

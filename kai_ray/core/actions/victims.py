@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from kai_ray.core.jobs import JobState, Task
-from kai_ray.core.model import QUEUE_ALLOCATED, PodStatus
+from kai_ray.core.model import QUEUE_ALLOCATED, Amounts, PodStatus
 from kai_ray.core.state import Session
 
 _VICTIM_STATES = (PodStatus.ALLOCATED, PodStatus.BINDING, PodStatus.BOUND, PodStatus.RUNNING)
@@ -35,7 +35,7 @@ class VictimUnit:
         self.number = -1  # `order_number`, once asked (a unit never changes)
         # `victim_amount`, once asked (its tasks' states are those of the job state it was made
         # for: any change to the job makes new units)
-        self.amount: tuple[float, float, float] | None = None
+        self.amount: Amounts | None = None
 
     @property
     def queue(self) -> str:
@@ -56,7 +56,7 @@ class VictimUnit:
             self.number = sess.order_number(self.key)
         return self.number
 
-    def victim_amount(self) -> tuple[float, float, float]:
+    def victim_amount(self) -> Amounts:
         """What the victim order counts as gone from the queue with this unit: all its tasks a
         queue's allocation counts, not just those the next take evicts (KAI subtracts the
         popped or peeked job clone's `Allocated`: a pipelined pod counts nothing)."""
