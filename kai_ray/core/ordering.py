@@ -125,8 +125,9 @@ class JobQueue(Generic[E]):
                  simulation: bool = False,
                  heaps: dict[str, list[tuple[int, int, E]]] | None = None) -> None:
         """`heaps`: entries (order number, sequence number, item) per queue, made by a caller
-        that has the order numbers at hand (asking a generic item is a dynamic call): order
-        numbers negated for `reverse`, sequence numbers 1, 2, ...; heapified here."""
+        that numbers some items otherwise than they would themselves (a victim scenario's
+        preemptor): order numbers negated for `reverse`, sequence numbers 1, 2, ...; heapified
+        here."""
         self.sess = sess
         self.reverse = reverse
         self.simulation = simulation
@@ -134,10 +135,6 @@ class JobQueue(Generic[E]):
         self.request_of: tuple[JobState, Amounts] | None = None
         # per leaf queue, the victim amounts of the items popped from it (victim order only)
         self.popped: dict[str, Amounts] = {}
-        # popped victim items not yet in `popped`: it only matters when two queues are
-        # compared, so a single-queue pop defers the accounting
-        self.untaken: list[E] = []
-        self.reachable: dict[str, bool] = {}  # the queue tree is fixed within a session
         self.heaps: dict[str, list[tuple[int, int, E]]] = {} if heaps is None else heaps
         self.seq = sum(len(heap) for heap in self.heaps.values())
         # the victim order is the job order reversed (heapq is a min-heap: numbers negated)
@@ -155,8 +152,6 @@ class JobQueue(Generic[E]):
         other.heaps = {q: list(h) for q, h in self.heaps.items()}
         other.seq = self.seq
         other.popped = dict(self.popped)
-        other.untaken = list(self.untaken)
-        other.reachable = self.reachable
         other.request_of = self.request_of
         return other
 
@@ -213,44 +208,17 @@ class JobQueue(Generic[E]):
         return best
 
     def pop(self) -> E | None:
-        if len(self.heaps) == 1:
-            # one queue at all (a preemptor's victims): no tree walk, no comparisons
-            name, heap = next(iter(self.heaps.items()))
-            while heap and self._reachable(name):
-                item = heappop(heap)[2]
-                if self.reverse:
-                    self.untaken.append(item)
-                return item
-            return None
-        nonempty = [name for name, heap in self.heaps.items() if heap]
-        if not nonempty:
-            return None
-        if len(nonempty) == 1:
-            # one queue holds everything: the tree walk would only find it again (if the tree
-            # reaches it at all: items of queues missing from it are never popped)
-            if not self._reachable(nonempty[0]):
-                return None
-            item = heappop(self.heaps[nonempty[0]])[2]
-            if self.reverse:
-                self.untaken.append(item)
-            return item
-        self._account_taken()
-        # items of queues missing from the tree are never popped (QueueDoesNotExist)
+        """The next item: down from the roots, at each level the child whose best item compares
+        best. Items of queues missing from the tree are never popped (QueueDoesNotExist)."""
         picked = self._pick(self.sess.queues.roots(), {})
         if picked is None:
             return None
-        heap = self.heaps[picked.queue]
-        item = heappop(heap)[2]
+        item = heappop(self.heaps[picked.queue])[2]
         if self.reverse:
-            self.untaken.append(item)
+            amount = item.victim_amount()
+            old = self.popped.get(item.queue, (0.0, 0.0, 0.0))
+            self.popped[item.queue] = (old[0] + amount[0], old[1] + amount[1], old[2] + amount[2])
         return item
-
-    def _reachable(self, queue: str) -> bool:
-        known = self.reachable.get(queue)
-        if known is None:
-            path = self.sess.queues.path(queue)
-            known = self.reachable[queue] = bool(path) and not path[-1].parent
-        return known
 
     def _victims(self, cand: E) -> Amounts:
         """What a subtree's share is lowered by in the victim order, `cand` being the item it
@@ -266,18 +234,11 @@ class JobQueue(Generic[E]):
             return amount
         return (popped[0] + amount[0], popped[1] + amount[1], popped[2] + amount[2])
 
-    def _account_taken(self) -> None:
-        for item in self.untaken:
-            amount = item.victim_amount()
-            old = self.popped.get(item.queue, (0.0, 0.0, 0.0))
-            self.popped[item.queue] = (old[0] + amount[0], old[1] + amount[1], old[2] + amount[2])
-        self.untaken = []
-
 
 def pending_leaf_jobs(sess: Session) -> list[tuple[int, JobState]]:
     """Every job with a pending task in a leaf queue of the tree, with its order number, in job
     order (a job in a parent queue, or in a queue left out of the tree, is never popped)."""
-    found = [(job.order_number(sess), job) for job in sess.pending_jobs
+    found = [(job.order_number(sess), job) for job in sess.jobs.values()
              if job.has_pending() and sess.queues.is_leaf(job.queue)]
     found.sort(key=lambda entry: entry[0])
     return found

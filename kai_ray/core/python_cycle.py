@@ -161,7 +161,7 @@ def _t(v: list[float]) -> Amounts:
 
 
 def _job_statuses(sess: Session, result: CycleResult) -> None:
-    for job in sess.pending_jobs:
+    for job in sess.jobs.values():
         pending = [t.name for t in job.tasks if t.origin is None and (
             t.status == PodStatus.PENDING or _taken_back(t))]
         if not pending:

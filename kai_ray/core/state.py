@@ -79,7 +79,6 @@ class Session:
         gpu_nodes: dict[int, bool] = {}  # GPU nodes, and whether shared devices changed
         releasing: list[Task] = []
         pipelined: list[Task] = []
-        pending: set[int] = set()  # ids of jobs with a pending task
         for job in snapshot.jobs:
             js = JobState(job)
             self.jobs[job.name] = js
@@ -90,8 +89,6 @@ class Session:
                 js.tasks.append(task)
                 cluster.known_groups.update(task.groups)
                 status, req = task.status, task.req
-                if status == PodStatus.PENDING:
-                    pending.add(id(js))
                 if node >= 0 and status in ACTIVE_USED:
                     cluster.add_usage(node, req.cpu_m, req.memory, 1)
                     if req.wants_gpu:  # (without GPUs there is nothing to hold)
@@ -118,10 +115,6 @@ class Session:
             cluster.mark_releasing(task, +1)
         for task in pipelined:
             cluster.pipeline_charge(task, +1)
-        # no task becomes pending during a cycle (only a rollback restores one), so the jobs
-        # with a pending task at any time are among these: passes for pending work take them
-        # instead of every job (a busy cluster's jobs are nearly all running)
-        self.pending_jobs = [js for js in self.jobs.values() if id(js) in pending]
 
     def shape_of(self, task: Task) -> int:
         """A number per request and constraints: equal numbers, the same request on the same

@@ -77,7 +77,7 @@ def both(snapshot: Snapshot, config: SchedulerConfig, now: float) -> CycleResult
 
 
 @pytest.mark.parametrize(("kind", "size", "seed"),
-                         [("issue", 60, 1), ("issue", 150, 2), ("issue", 400, 3), ("busy", 150, 1)])
+                         [("issue", 60, 1), ("issue", 150, 2), ("issue", 250, 3), ("busy", 150, 1)])
 def test_synthetic_cycles_take_the_same_decisions(kind: str, size: int, seed: int) -> None:
     snapshot = (busy_cluster if kind == "busy" else cluster)(size, seed=seed)
     result = both(snapshot, SchedulerConfig(), 0.0)

@@ -11,7 +11,7 @@ from kai_ray.core.state import JobError, Session
 def schedulable_jobs(sess: Session) -> list[JobState]:
     """Jobs any action may consider: a leaf queue that exists, ready, something pending."""
     out = []
-    for job in sess.pending_jobs:
+    for job in sess.jobs.values():
         if job.has_pending() and sess.queues.is_leaf(job.queue) and job.is_ready():
             out.append(job)
     return out
