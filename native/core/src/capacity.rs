@@ -1,8 +1,9 @@
 //! Queue capacity rules that block allocation (kai_ray/core/capacity.py): limits (OverLimit)
 //! and, for non-preemptible jobs, quota at every level (NonPreemptibleOverQuota).
 
+use crate::model::Amounts;
 use crate::pyfmt::{fmt_g, round2};
-use crate::state::{Amounts, Session};
+use crate::state::Session;
 
 pub const OVER_LIMIT: &str = "OverLimit";
 pub const NON_PREEMPTIBLE_OVER_QUOTA: &str = "NonPreemptibleOverQuota";
@@ -43,7 +44,7 @@ pub fn job_level_request(sess: &Session, tasks: &[usize]) -> Amounts {
 }
 
 pub fn check_job(sess: &Session, job: usize, request: Amounts) -> Option<CapacityError> {
-    for &q in sess.queue_path(sess.jobs[job].queue_id) {
+    for &q in sess.queues.path(sess.jobs[job].queue_id) {
         let q = &sess.queues[q];
         for r in [2, 0, 1] {
             if q.limit[r] == -1.0 || request[r] <= 0.0 {
@@ -76,7 +77,7 @@ pub fn check_non_preemptible(
     job: usize,
     request: Amounts,
 ) -> Option<CapacityError> {
-    for &q in sess.queue_path(sess.jobs[job].queue_id) {
+    for &q in sess.queues.path(sess.jobs[job].queue_id) {
         let q = &sess.queues[q];
         for r in [2, 0, 1] {
             if q.deserved[r] == -1.0 || request[r] <= 0.0 {

@@ -4,10 +4,13 @@
 //! `kai-ray-native`. The Python core stays the reference: tests compare the two decision by
 //! decision.
 
+pub mod accounting;
 pub mod actions;
 pub mod capacity;
+pub mod cluster;
 pub mod constraints;
 pub mod fairshare;
+pub mod jobs;
 pub mod model;
 pub mod ordering;
 pub mod packing;
@@ -17,5 +20,6 @@ pub mod queuetree;
 pub mod schedule;
 pub mod scratch;
 pub mod state;
+pub mod statement;
 
 pub use schedule::{schedule, CycleOutput};

@@ -4,6 +4,10 @@
 
 use crate::constraints::{Taint, Term, Toleration};
 
+/// A shared GPU device's usage is counted in milli of the device.
+pub const MILLI: i64 = 1000;
+/// Per-resource amounts: (cpu milli, memory bytes, GPUs).
+pub type Amounts = [f64; 3];
 pub const MIN_NODE_GPU_MEMORY_MIB: i64 = 100;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]

@@ -7,7 +7,9 @@ use std::collections::BinaryHeap;
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use crate::state::{leq, pending_queue_amount, Amounts, QueueState, Session};
+use crate::accounting::{leq, pending_queue_amount, QueueState};
+use crate::model::Amounts;
+use crate::state::Session;
 
 const ZERO_SHARE_MULT: f64 = 1000.0;
 const ZERO: Amounts = [0.0, 0.0, 0.0];
@@ -36,7 +38,7 @@ pub fn job_request(sess: &mut Session, job: usize, simulation: bool) -> Amounts 
 fn share(sess: &Session, q: &QueueState, r: usize, allocated: f64) -> f64 {
     let mut allocatable = q.allocatable(r);
     if allocatable == -1.0 {
-        allocatable = sess.total[r];
+        allocatable = sess.cluster.total[r];
     }
     if allocatable == 0.0 {
         allocated * ZERO_SHARE_MULT
@@ -311,7 +313,7 @@ impl JobQueue {
 
     fn reachable(sess: &Session, key: usize) -> bool {
         key < sess.queues.len() && {
-            let path = &sess.paths[key];
+            let path = &sess.queues.paths[key];
             !path.is_empty() && sess.queues[path[path.len() - 1]].parent_id.is_none()
         }
     }
@@ -410,7 +412,7 @@ impl JobQueue {
             return Some(item);
         }
         self.account_taken(sess);
-        let roots = sess.root_queues().to_vec();
+        let roots = sess.queues.roots().to_vec();
         let mut memo = FxHashMap::default();
         let picked = self.pick(sess, &roots, &mut memo)?;
         let key = self.queue_key(sess, picked);
@@ -509,7 +511,7 @@ impl PendingOrder {
     /// from the tree is never popped).
     fn queue_of(&self, sess: &Session, job: usize) -> Option<usize> {
         let queue = sess.jobs[job].queue_id;
-        queue.filter(|_| sess.has_pending(job) && sess.is_leaf(queue))
+        queue.filter(|_| sess.has_pending(job) && sess.queues.is_leaf(queue))
     }
 
     fn add(&mut self, sess: &mut Session, job: usize) {
@@ -565,7 +567,7 @@ pub fn scenario_queue(sess: &mut Session, wanted: &[usize], prefix: &[usize]) ->
             let wanted: FxHashSet<usize> = wanted.iter().copied().collect();
             let reachable = |key: usize| {
                 key < sess.queues.len() && {
-                    let path = &sess.paths[key];
+                    let path = &sess.queues.paths[key];
                     !path.is_empty() && sess.queues[path[path.len() - 1]].parent_id.is_none()
                 }
             };
@@ -578,7 +580,7 @@ pub fn scenario_queue(sess: &mut Session, wanted: &[usize], prefix: &[usize]) ->
                 if !reachable(key) {
                     continue;
                 }
-                for &q in &sess.paths[key] {
+                for &q in &sess.queues.paths[key] {
                     if !relevant.insert(q) {
                         break;
                     }
@@ -593,7 +595,7 @@ pub fn scenario_queue(sess: &mut Session, wanted: &[usize], prefix: &[usize]) ->
                 }
                 // contested: the leaf's subtree, and its parent's (`above`) by the end of the walk
                 let (mut contested, mut above) = (false, false);
-                for &q in sess.paths[queue].iter().rev() {
+                for &q in sess.queues.paths[queue].iter().rev() {
                     above = contested;
                     contested = contested
                         || (relevant.contains(&q)

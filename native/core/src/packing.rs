@@ -10,7 +10,7 @@
 //! `100 * sigmoid` falls within an ulp of an integer.
 //!
 //! Speed: the Python scores every node for every task. Here a node's score is kept per task
-//! shape until the node changes (`Session::node_ver`), and only the nodes of the session's GPU
+//! shape until the node changes (`ClusterState::node_ver`), and only the nodes of the session's GPU
 //! room index are looked at: no other node can take the task on idle resources, and only
 //! those count.
 
@@ -18,8 +18,8 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use rustc_hash::FxHashMap;
 
-use crate::model::{Constraints, GpuPacking, Request};
-use crate::state::{Session, MILLI};
+use crate::model::{Constraints, GpuPacking, Request, MILLI};
+use crate::state::Session;
 
 pub const PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
 const MIB: i64 = 1024 * 1024;
@@ -584,7 +584,7 @@ pub struct Memo {
     /// the typical shapes, made on first use (None inside: no GPU pods)
     shapes: Option<Option<Shapes>>,
     /// lookahead: each node's device slots and each model's sum of them as of the first
-    /// `supply_seen` entries of `Session::slots_log`, and the arrival weights for that supply
+    /// `supply_seen` entries of `ClusterState::slots_log`, and the arrival weights for that supply
     slots: Vec<i64>,
     supply: Vec<i64>,
     supply_seen: usize,
@@ -597,9 +597,9 @@ pub struct Memo {
 impl Memo {
     fn models(&mut self, sess: &Session) -> (Vec<i64>, FxHashMap<String, usize>) {
         let mut names: FxHashMap<String, usize> = FxHashMap::default();
-        let mut out = vec![-1i64; sess.nodes.len()];
-        for (i, node) in sess.nodes.iter().enumerate() {
-            if sess.cap_gpu[i] > 0 {
+        let mut out = vec![-1i64; sess.cluster.nodes.len()];
+        for (i, node) in sess.cluster.nodes.iter().enumerate() {
+            if sess.cluster.cap_gpu[i] > 0 {
                 let label = node.labels.get(PRODUCT_LABEL).cloned().unwrap_or_default();
                 let next = names.len();
                 out[i] = *names.entry(label).or_insert(next) as i64;
@@ -657,20 +657,20 @@ impl Memo {
     /// Python makes of them are exact.
     fn sync_slots(&mut self, sess: &Session, models: usize) -> bool {
         if self.supply.len() != models {
-            self.slots = sess.dev_slots.clone();
+            self.slots = sess.cluster.dev_slots.clone();
             self.supply = vec![0; models];
             for (n, &model) in self.model.iter().enumerate() {
                 if model >= 0 && (model as usize) < models {
                     self.supply[model as usize] += self.slots[n];
                 }
             }
-            self.supply_seen = sess.slots_log.len();
+            self.supply_seen = sess.cluster.slots_log.len();
             return true;
         }
         let mut changed = false;
-        for &n in &sess.slots_log[self.supply_seen..] {
+        for &n in &sess.cluster.slots_log[self.supply_seen..] {
             let n = n as usize;
-            let (old, new) = (self.slots[n], sess.dev_slots[n]);
+            let (old, new) = (self.slots[n], sess.cluster.dev_slots[n]);
             let model = self.model[n];
             if old != new && model >= 0 && (model as usize) < models {
                 self.supply[model as usize] += new - old;
@@ -678,16 +678,16 @@ impl Memo {
             }
             self.slots[n] = new;
         }
-        self.supply_seen = sess.slots_log.len();
+        self.supply_seen = sess.cluster.slots_log.len();
         changed
     }
 
     fn view(&self, sess: &Session, n: usize, models: usize) -> View {
         let model = self.model.get(n).copied().unwrap_or(-1);
         View {
-            cpu: sess.cap_cpu[n] - sess.used_cpu[n],
-            mem: (sess.cap_mem[n] - sess.used_mem[n]).div_euclid(MIB),
-            row: (0..sess.dev_width).map(|j| sess.slot_free(n, j)).collect(),
+            cpu: sess.cluster.cap_cpu[n] - sess.cluster.used_cpu[n],
+            mem: (sess.cluster.cap_mem[n] - sess.cluster.used_mem[n]).div_euclid(MIB),
+            row: (0..sess.cluster.dev_width).map(|j| sess.cluster.slot_free(n, j)).collect(),
             model,
             mrow: if model >= 0 && (model as usize) < models { model as usize } else { models },
         }
@@ -727,15 +727,15 @@ fn pinned_products(c: &Constraints) -> Option<BTreeSet<String>> {
 /// much room, or a free whole GPU).
 fn candidates(sess: &Session, req: &Request, out: &mut Vec<i32>) {
     if req.gpus != 0 {
-        for nodes in sess.by_free.range(req.gpus..).map(|(_, v)| v) {
+        for nodes in sess.cluster.by_free.range(req.gpus..).map(|(_, v)| v) {
             out.extend_from_slice(nodes);
         }
         return;
     }
-    for nodes in sess.by_room.range(req.gpu_fraction_milli..).map(|(_, v)| v) {
+    for nodes in sess.cluster.by_room.range(req.gpu_fraction_milli..).map(|(_, v)| v) {
         out.extend(nodes.iter().copied());
     }
-    for nodes in sess.by_free.range(1..).map(|(_, v)| v) {
+    for nodes in sess.cluster.by_free.range(1..).map(|(_, v)| v) {
         out.extend_from_slice(nodes);
     }
 }
@@ -774,7 +774,7 @@ fn pick(
     let policy = sess.config.gpu_packing;
     let by_shapes = matches!(policy, GpuPacking::Fgd | GpuPacking::Lookahead);
     let shape = sess.shape_of(task);
-    let count = sess.nodes.len();
+    let count = sess.cluster.nodes.len();
     let mut nodes = Vec::new();
     candidates(sess, req, &mut nodes);
     if let Some(within) = &sess.node_filter {
@@ -788,7 +788,7 @@ fn pick(
     let mut best: Option<(f64, i32)> = None;
     for node in nodes {
         let n = node as usize;
-        let ver = sess.node_ver[n];
+        let ver = sess.cluster.node_ver[n];
         let value = if table[n].0 == ver {
             table[n].1
         } else {
@@ -826,11 +826,11 @@ fn pick(
         return Some(Picked { node, groups: Vec::new(), new_groups: Vec::new() });
     }
     let device = scorer(memo, policy, preq).device(&memo.view(sess, n, models(memo)));
-    if device < sess.groups[n].len() {
-        let gid = sess.groups[n][device].gid;
+    if device < sess.cluster.groups[n].len() {
+        let gid = sess.cluster.groups[n][device].gid;
         return Some(Picked { node, groups: vec![gid], new_groups: Vec::new() });
     }
-    let gid = sess.new_group_id(node, &[]);
+    let gid = sess.cluster.new_group_id(node, &[]);
     Some(Picked { node, groups: vec![gid], new_groups: vec![gid] })
 }
 

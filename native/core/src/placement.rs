@@ -4,10 +4,11 @@
 //! over every node decides otherwise. Only the pass is in the Python specification; the index
 //! and the walks are this core's speed paths (docs/native-core.md).
 
+use crate::cluster::{Group, NodeMasks};
 use crate::constraints::{affinity_matches, untolerated, Taint};
-use crate::model::GpuPacking;
+use crate::model::{GpuPacking, MILLI};
 use crate::packing;
-use crate::state::{Group, NodeMasks, Session, MILLI};
+use crate::state::Session;
 
 pub const R_GPU: &str = "didn't have enough resources: GPUs";
 pub const R_GPU_MEM: &str = "didn't have enough resources: GPU memory";
@@ -47,7 +48,8 @@ pub fn masks(sess: &mut Session, constraints: usize) -> &NodeMasks {
             None
         } else {
             Some(
-                sess.nodes
+                sess.cluster
+                    .nodes
                     .iter()
                     .map(|n| {
                         c.node_selector.iter().all(|(k, v)| n.labels.get(k) == Some(v))
@@ -58,11 +60,11 @@ pub fn masks(sess: &mut Session, constraints: usize) -> &NodeMasks {
                     .collect(),
             )
         };
-        let (tolerated, per_taint) = if !sess.any_taints {
+        let (tolerated, per_taint) = if !sess.cluster.any_taints {
             (None, Vec::new())
         } else {
             let first: Vec<Option<&Taint>> =
-                sess.nodes.iter().map(|n| untolerated(&n.taints, &c.tolerations)).collect();
+                sess.cluster.nodes.iter().map(|n| untolerated(&n.taints, &c.tolerations)).collect();
             let blocked = first.iter().any(|t| t.is_some());
             let mut distinct: Vec<&Taint> = Vec::new();
             for t in first.iter().flatten() {
@@ -98,15 +100,15 @@ fn device_order_spread(sess: &Session) -> bool {
 /// Existing groups the task fits on (idle or releasing) and the node's idle / releasing whole
 /// devices that could become new shared devices.
 fn shared_candidates(sess: &Session, task: usize, node: i32) -> (Vec<usize>, i64, i64) {
-    let cost = sess.device_cost(&sess.tasks[task].req, node);
+    let cost = sess.cluster.device_cost(&sess.tasks[task].req, node);
     let n = node as usize;
-    let fitting = sess.groups[n]
+    let fitting = sess.cluster.groups[n]
         .iter()
         .enumerate()
         .filter(|(_, g)| MILLI - g.used + g.releasing - cost >= 0 && g.releasing < g.used)
         .map(|(i, _)| i)
         .collect();
-    (fitting, sess.cap_gpu[n] - sess.used_gpu[n], sess.rel_gpu[n])
+    (fitting, sess.cluster.cap_gpu[n] - sess.cluster.used_gpu[n], sess.cluster.rel_gpu[n])
 }
 
 /// (fits with releasing, fits on idle, failed-predicate histogram) over all nodes; the
@@ -115,10 +117,10 @@ fn shared_candidates(sess: &Session, task: usize, node: i32) -> (Vec<usize>, i64
 pub fn feasible(sess: &mut Session, task: usize, explain: bool) -> (Vec<bool>, Vec<bool>, Reasons) {
     let req = sess.tasks[task].req;
     let constraints = sess.tasks[task].constraints;
-    let count = sess.nodes.len();
+    let count = sess.cluster.nodes.len();
     let m = masks(sess, constraints).clone();
     let sess = &*sess;
-    let mut ok = sess.schedulable.clone();
+    let mut ok = sess.cluster.schedulable.clone();
     let mut idle_ok = vec![true; count];
     let mut reasons: Reasons = Vec::new();
     if explain {
@@ -145,40 +147,47 @@ pub fn feasible(sess: &mut Session, task: usize, explain: bool) -> (Vec<bool>, V
     }
     if req.cpu_m != 0 {
         apply(&mut ok, &mut reasons, R_CPU, &|n| {
-            sess.cap_cpu[n] - sess.used_cpu[n] + sess.rel_cpu[n] >= req.cpu_m
+            sess.cluster.cap_cpu[n] - sess.cluster.used_cpu[n] + sess.cluster.rel_cpu[n]
+                >= req.cpu_m
         });
         for n in 0..count {
-            idle_ok[n] = idle_ok[n] && sess.cap_cpu[n] - sess.used_cpu[n] >= req.cpu_m;
+            idle_ok[n] =
+                idle_ok[n] && sess.cluster.cap_cpu[n] - sess.cluster.used_cpu[n] >= req.cpu_m;
         }
     }
     if req.memory != 0 {
         apply(&mut ok, &mut reasons, R_MEM, &|n| {
-            sess.cap_mem[n] - sess.used_mem[n] + sess.rel_mem[n] >= req.memory
+            sess.cluster.cap_mem[n] - sess.cluster.used_mem[n] + sess.cluster.rel_mem[n]
+                >= req.memory
         });
         for n in 0..count {
-            idle_ok[n] = idle_ok[n] && sess.cap_mem[n] - sess.used_mem[n] >= req.memory;
+            idle_ok[n] =
+                idle_ok[n] && sess.cluster.cap_mem[n] - sess.cluster.used_mem[n] >= req.memory;
         }
     }
     if req.gpus != 0 {
         apply(&mut ok, &mut reasons, R_GPU, &|n| {
-            sess.cap_gpu[n] - sess.used_gpu[n] + sess.rel_gpu[n] >= req.gpus
+            sess.cluster.cap_gpu[n] - sess.cluster.used_gpu[n] + sess.cluster.rel_gpu[n] >= req.gpus
         });
         for n in 0..count {
-            idle_ok[n] = idle_ok[n] && sess.cap_gpu[n] - sess.used_gpu[n] >= req.gpus;
+            idle_ok[n] =
+                idle_ok[n] && sess.cluster.cap_gpu[n] - sess.cluster.used_gpu[n] >= req.gpus;
         }
     }
     let slots = pod_slots(&req);
-    apply(&mut ok, &mut reasons, R_PODS, &|n| sess.used_pods[n] + slots <= sess.max_pods[n]);
+    apply(&mut ok, &mut reasons, R_PODS, &|n| {
+        sess.cluster.used_pods[n] + slots <= sess.cluster.max_pods[n]
+    });
     if req.is_shared() {
         if req.gpu_memory_mib != 0 {
             apply(&mut ok, &mut reasons, R_GPU_MEM, &|n| {
-                sess.gpu_mem_synced[n] && sess.gpu_mem[n] >= req.gpu_memory_mib
+                sess.cluster.gpu_mem_synced[n] && sess.cluster.gpu_mem[n] >= req.gpu_memory_mib
             });
         }
         let groups_fit = |n: usize| -> (i64, i64) {
             let cost = cost_at(sess, &req, n);
             let (mut fit, mut idle) = (0, 0);
-            for g in &sess.groups[n] {
+            for g in &sess.cluster.groups[n] {
                 if g.releasing < g.used && MILLI - g.used + g.releasing - cost >= 0 {
                     fit += 1;
                     // of the devices it fits on, those with idle room (KAI's
@@ -190,8 +199,9 @@ pub fn feasible(sess: &mut Session, task: usize, explain: bool) -> (Vec<bool>, V
             }
             (fit, idle)
         };
-        let wholes =
-            |n: usize| -> (i64, i64) { (sess.cap_gpu[n] - sess.used_gpu[n], sess.rel_gpu[n]) };
+        let wholes = |n: usize| -> (i64, i64) {
+            (sess.cluster.cap_gpu[n] - sess.cluster.used_gpu[n], sess.cluster.rel_gpu[n])
+        };
         apply(&mut ok, &mut reasons, R_GPU, &|n| {
             let (fit, _) = groups_fit(n);
             let (idle_whole, rel_whole) = wholes(n);
@@ -211,11 +221,11 @@ pub fn feasible(sess: &mut Session, task: usize, explain: bool) -> (Vec<bool>, V
 /// `feasible` on one node, predicate for predicate: (fits with releasing, fits on idle).
 /// (`fits_node`, the fast paths' test, also wants idle CPU and memory for a request of none.)
 fn feasible_at(sess: &mut Session, task: usize, n: usize) -> (bool, bool) {
-    if !sess.schedulable[n] {
+    if !sess.cluster.schedulable[n] {
         return (false, false);
     }
     let constraints = sess.tasks[task].constraints;
-    if constraints != 0 || sess.any_taints {
+    if constraints != 0 || sess.cluster.any_taints {
         let m = masks(sess, constraints);
         if m.per_taint.iter().any(|(mask, _)| !mask[n]) {
             return (false, false);
@@ -227,35 +237,37 @@ fn feasible_at(sess: &mut Session, task: usize, n: usize) -> (bool, bool) {
     let req = sess.tasks[task].req;
     let mut idle = true;
     if req.cpu_m != 0 {
-        if sess.cap_cpu[n] - sess.used_cpu[n] + sess.rel_cpu[n] < req.cpu_m {
+        if sess.cluster.cap_cpu[n] - sess.cluster.used_cpu[n] + sess.cluster.rel_cpu[n] < req.cpu_m
+        {
             return (false, false);
         }
-        idle = idle && sess.cap_cpu[n] - sess.used_cpu[n] >= req.cpu_m;
+        idle = idle && sess.cluster.cap_cpu[n] - sess.cluster.used_cpu[n] >= req.cpu_m;
     }
     if req.memory != 0 {
-        if sess.cap_mem[n] - sess.used_mem[n] + sess.rel_mem[n] < req.memory {
+        if sess.cluster.cap_mem[n] - sess.cluster.used_mem[n] + sess.cluster.rel_mem[n] < req.memory
+        {
             return (false, false);
         }
-        idle = idle && sess.cap_mem[n] - sess.used_mem[n] >= req.memory;
+        idle = idle && sess.cluster.cap_mem[n] - sess.cluster.used_mem[n] >= req.memory;
     }
     if req.gpus != 0 {
-        if sess.cap_gpu[n] - sess.used_gpu[n] + sess.rel_gpu[n] < req.gpus {
+        if sess.cluster.cap_gpu[n] - sess.cluster.used_gpu[n] + sess.cluster.rel_gpu[n] < req.gpus {
             return (false, false);
         }
-        idle = idle && sess.cap_gpu[n] - sess.used_gpu[n] >= req.gpus;
+        idle = idle && sess.cluster.cap_gpu[n] - sess.cluster.used_gpu[n] >= req.gpus;
     }
-    if sess.used_pods[n] + pod_slots(&req) > sess.max_pods[n] {
+    if sess.cluster.used_pods[n] + pod_slots(&req) > sess.cluster.max_pods[n] {
         return (false, false);
     }
     if req.is_shared() {
         if req.gpu_memory_mib != 0
-            && !(sess.gpu_mem_synced[n] && sess.gpu_mem[n] >= req.gpu_memory_mib)
+            && !(sess.cluster.gpu_mem_synced[n] && sess.cluster.gpu_mem[n] >= req.gpu_memory_mib)
         {
             return (false, false);
         }
         let cost = cost_at(sess, &req, n);
         let (mut fit, mut idle_groups) = (0, 0);
-        for g in &sess.groups[n] {
+        for g in &sess.cluster.groups[n] {
             if g.releasing < g.used && MILLI - g.used + g.releasing - cost >= 0 {
                 fit += 1;
                 if idle_room(g, cost) {
@@ -263,7 +275,8 @@ fn feasible_at(sess: &mut Session, task: usize, n: usize) -> (bool, bool) {
                 }
             }
         }
-        let (idle_whole, rel_whole) = (sess.cap_gpu[n] - sess.used_gpu[n], sess.rel_gpu[n]);
+        let (idle_whole, rel_whole) =
+            (sess.cluster.cap_gpu[n] - sess.cluster.used_gpu[n], sess.cluster.rel_gpu[n]);
         if fit + idle_whole + rel_whole < req.fraction_devices {
             return (false, false);
         }
@@ -278,15 +291,15 @@ fn feasible_at(sess: &mut Session, task: usize, n: usize) -> (bool, bool) {
 fn room_candidates(sess: &Session, req: &crate::model::Request) -> Vec<i32> {
     let mut out: Vec<i32> = Vec::new();
     if req.gpus != 0 {
-        for nodes in sess.by_free.range(req.gpus..).map(|(_, v)| v) {
+        for nodes in sess.cluster.by_free.range(req.gpus..).map(|(_, v)| v) {
             out.extend_from_slice(nodes);
         }
     } else {
         let least = if req.gpu_fraction_milli != 0 { req.gpu_fraction_milli } else { 1 };
-        for nodes in sess.by_room.range(least..).map(|(_, v)| v) {
+        for nodes in sess.cluster.by_room.range(least..).map(|(_, v)| v) {
             out.extend(nodes.iter().copied());
         }
-        for nodes in sess.by_free.range(1..).map(|(_, v)| v) {
+        for nodes in sess.cluster.by_free.range(1..).map(|(_, v)| v) {
             out.extend_from_slice(nodes);
         }
     }
@@ -315,7 +328,7 @@ fn kai_among(
         task,
         &fitting,
         explain,
-        |s, n| s.free_gpu_at(n) as f64,
+        |s, n| s.cluster.free_gpu_at(n) as f64,
         |s, t, node| {
             let req = s.tasks[t].req;
             partly_fits(s, &req, node as usize)
@@ -344,15 +357,15 @@ fn place_best(
     }
     let spread = sess.config.gpu_spread;
     let (mut lo, mut hi) = (0i64, 0i64);
-    if !spread && !sess.free_counts.is_empty() {
-        lo = *sess.free_counts.keys().next().expect("min");
-        hi = *sess.free_counts.keys().next_back().expect("max");
+    if !spread && !sess.cluster.free_counts.is_empty() {
+        lo = *sess.cluster.free_counts.keys().next().expect("min");
+        hi = *sess.cluster.free_counts.keys().next_back().expect("max");
     }
     let bonus = !spread && sess.tasks[task].req.gpus == 0;
     let mut best: Option<(f64, i32, bool)> = None;
     for &(node, idle) in fitting {
         let n = node as usize;
-        let (free, total) = (free_of(sess, n), sess.cap_gpu[n] as f64);
+        let (free, total) = (free_of(sess, n), sess.cluster.cap_gpu[n] as f64);
         let base = if total <= 0.0 {
             0.0
         } else if spread {
@@ -387,13 +400,13 @@ fn pod_slots(req: &crate::model::Request) -> i64 {
 /// (fits, fits on idle) on one node, without touching the others.
 pub fn fits_node(sess: &mut Session, task: usize, node: i32) -> (bool, bool) {
     let n = node as usize;
-    if !sess.schedulable[n]
-        || sess.used_pods[n] + pod_slots(&sess.tasks[task].req) > sess.max_pods[n]
+    if !sess.cluster.schedulable[n]
+        || sess.cluster.used_pods[n] + pod_slots(&sess.tasks[task].req) > sess.cluster.max_pods[n]
     {
         return (false, false);
     }
     let constraints = sess.tasks[task].constraints;
-    if constraints != 0 || sess.any_taints {
+    if constraints != 0 || sess.cluster.any_taints {
         let m = masks(sess, constraints);
         if m.selector.as_ref().is_some_and(|sel| !sel[n]) {
             return (false, false);
@@ -403,22 +416,24 @@ pub fn fits_node(sess: &mut Session, task: usize, node: i32) -> (bool, bool) {
         }
     }
     let req = sess.tasks[task].req;
-    let idle_cpu = sess.cap_cpu[n] - sess.used_cpu[n];
-    let idle_mem = sess.cap_mem[n] - sess.used_mem[n];
-    if idle_cpu + sess.rel_cpu[n] < req.cpu_m || idle_mem + sess.rel_mem[n] < req.memory {
+    let idle_cpu = sess.cluster.cap_cpu[n] - sess.cluster.used_cpu[n];
+    let idle_mem = sess.cluster.cap_mem[n] - sess.cluster.used_mem[n];
+    if idle_cpu + sess.cluster.rel_cpu[n] < req.cpu_m
+        || idle_mem + sess.cluster.rel_mem[n] < req.memory
+    {
         return (false, false);
     }
     let idle = idle_cpu >= req.cpu_m && idle_mem >= req.memory;
-    let idle_gpu = sess.cap_gpu[n] - sess.used_gpu[n];
+    let idle_gpu = sess.cluster.cap_gpu[n] - sess.cluster.used_gpu[n];
     if req.gpus != 0 {
-        if idle_gpu + sess.rel_gpu[n] < req.gpus {
+        if idle_gpu + sess.cluster.rel_gpu[n] < req.gpus {
             return (false, false);
         }
         return (true, idle && idle_gpu >= req.gpus);
     }
     if req.is_shared() {
         if req.gpu_memory_mib != 0
-            && !(sess.gpu_mem_synced[n] && sess.gpu_mem[n] >= req.gpu_memory_mib)
+            && !(sess.cluster.gpu_mem_synced[n] && sess.cluster.gpu_mem[n] >= req.gpu_memory_mib)
         {
             return (false, false);
         }
@@ -426,9 +441,9 @@ pub fn fits_node(sess: &mut Session, task: usize, node: i32) -> (bool, bool) {
         if fitting.len() as i64 + idle_whole + rel_whole < req.fraction_devices {
             return (false, false);
         }
-        let cost = sess.device_cost(&req, node);
+        let cost = sess.cluster.device_cost(&req, node);
         let idle_groups =
-            fitting.iter().filter(|&&i| idle_room(&sess.groups[n][i], cost)).count() as i64;
+            fitting.iter().filter(|&&i| idle_room(&sess.cluster.groups[n][i], cost)).count() as i64;
         return (true, idle && idle_groups + idle_whole >= req.fraction_devices);
     }
     (true, idle)
@@ -442,8 +457,8 @@ pub fn fits_node(sess: &mut Session, task: usize, node: i32) -> (bool, bool) {
 fn available_on(sess: &Session, task: usize, node: i32) -> bool {
     let n = node as usize;
     let req = &sess.tasks[task].req;
-    if sess.cap_cpu[n] - sess.used_cpu[n] < req.cpu_m
-        || sess.cap_mem[n] - sess.used_mem[n] < req.memory
+    if sess.cluster.cap_cpu[n] - sess.cluster.used_cpu[n] < req.cpu_m
+        || sess.cluster.cap_mem[n] - sess.cluster.used_mem[n] < req.memory
     {
         return false;
     }
@@ -466,8 +481,8 @@ pub fn sharing_bonus_on(sess: &Session, task: usize, node: i32) -> bool {
     if sess.config.gpu_spread || req.gpus != 0 {
         return false;
     }
-    let cost = if req.is_shared() { sess.device_cost(req, node) } else { 0 };
-    sess.groups[node as usize].iter().any(|g| joinable(g, cost))
+    let cost = if req.is_shared() { sess.cluster.device_cost(req, node) } else { 0 };
+    sess.cluster.groups[node as usize].iter().any(|g| joinable(g, cost))
 }
 
 /// Whether the binpack fast path applies (common.rs).
@@ -497,9 +512,9 @@ fn scores(
     let gpu = req.wants_gpu();
     let free_total = |n: usize| -> (f64, f64) {
         if gpu {
-            (sess.free_gpu_at(n) as f64, sess.cap_gpu[n] as f64)
+            (sess.cluster.free_gpu_at(n) as f64, sess.cluster.cap_gpu[n] as f64)
         } else {
-            (sess.free_cpu_at(n) as f64, sess.cap_cpu[n] as f64)
+            (sess.cluster.free_cpu_at(n) as f64, sess.cluster.cap_cpu[n] as f64)
         }
     };
     let spread = if gpu { sess.config.gpu_spread } else { sess.config.cpu_spread };
@@ -507,13 +522,13 @@ fn scores(
     if !spread {
         let mut widen = |n: usize| {
             let (free, total) = free_total(n);
-            if sess.schedulable[n] && total > 0.0 {
+            if sess.cluster.schedulable[n] && total > 0.0 {
                 range = Some(range.map_or((free, free), |(lo, hi)| (lo.min(free), hi.max(free))));
             }
         };
         match within {
             Some(within) => within.iter().for_each(|&n| widen(n)),
-            None => (0..sess.nodes.len()).for_each(widen),
+            None => (0..sess.cluster.nodes.len()).for_each(widen),
         }
     }
     let bonus = !sess.config.gpu_spread && req.gpus == 0;
@@ -541,7 +556,7 @@ fn scores(
                 if shared { fits[n] && available_on(sess, task, n as i32) } else { fits_idle[n] };
             let mut score = base + if idle { 100.0 } else { 0.0 };
             if !gpu {
-                score += if sess.cap_gpu[n] == 0 { 10.0 } else { 0.0 };
+                score += if sess.cluster.cap_gpu[n] == 0 { 10.0 } else { 0.0 };
             }
             if bonus {
                 let on = fits[n] && partly_fits(sess, &req, n);
@@ -569,7 +584,7 @@ fn cost_at(sess: &Session, req: &crate::model::Request, n: usize) -> i64 {
     if req.gpu_fraction_milli != 0 {
         req.gpu_fraction_milli
     } else if req.gpu_memory_mib != 0 {
-        -(-req.gpu_memory_mib * MILLI).div_euclid(sess.gpu_mem[n])
+        -(-req.gpu_memory_mib * MILLI).div_euclid(sess.cluster.gpu_mem[n])
     } else {
         0
     }
@@ -578,31 +593,32 @@ fn cost_at(sess: &Session, req: &crate::model::Request, n: usize) -> i64 {
 /// A shared device of the node can take the task (gpusharingorder; `joinable`).
 fn partly_fits(sess: &Session, req: &crate::model::Request, n: usize) -> bool {
     let cost = cost_at(sess, req, n);
-    sess.groups[n].iter().any(|g| joinable(g, cost))
+    sess.cluster.groups[n].iter().any(|g| joinable(g, cost))
 }
 
 /// KAI's `IsTaskFitOnGpuGroup`: a shared device some sharer still holds (not all of it
 /// releasing) with room for `cost`, releasing room counted; a full one qualifies for a request
 /// of 0 (a CPU-only pod).
-fn joinable(g: &crate::state::Group, cost: i64) -> bool {
+fn joinable(g: &Group, cost: i64) -> bool {
     g.releasing < g.used && MILLI - g.used + g.releasing - cost >= 0
 }
 
 /// Shared devices for a fractional task on `node`: (groups, new groups, all on idle).
 pub fn choose_devices(sess: &mut Session, task: usize, node: i32) -> (Vec<u32>, Vec<u32>, bool) {
     let req = sess.tasks[task].req;
-    let cost = sess.device_cost(&req, node);
+    let cost = sess.cluster.device_cost(&req, node);
     let (fitting, idle_whole, rel_whole) = shared_candidates(sess, task, node);
     let pack = !device_order_spread(sess);
     let n = node as usize;
     let mut sorted = fitting;
     sorted.sort_by(|&a, &b| {
-        sess.gids[sess.groups[n][a].gid as usize].cmp(&sess.gids[sess.groups[n][b].gid as usize])
+        sess.cluster.gids[sess.cluster.groups[n][a].gid as usize]
+            .cmp(&sess.cluster.gids[sess.cluster.groups[n][b].gid as usize])
     });
     // (score, order, group id or a new device, on idle)
     let mut cands: Vec<(f64, usize, Option<u32>, bool)> = Vec::new();
     for (order, &i) in sorted.iter().enumerate() {
-        let g = &sess.groups[n][i];
+        let g = &sess.cluster.groups[n][i];
         // every sharer (KAI's GetUsedGpuPortion)
         let used = (g.used + g.pipelined) as f64 / MILLI as f64;
         let score = if pack { used } else { 1.0 - used };
@@ -623,7 +639,7 @@ pub fn choose_devices(sess: &mut Session, task: usize, node: i32) -> (Vec<u32>, 
         let gid = match gid {
             Some(g) => g,
             None => {
-                let g = sess.new_group_id(node, &new);
+                let g = sess.cluster.new_group_id(node, &new);
                 new.push(g);
                 g
             }
@@ -713,7 +729,7 @@ fn choose_filtered(
     if sess.config.gpu_packing != GpuPacking::Kai && req.wants_gpu() {
         // only the scenario's nodes are tested: a pass over every node per victim scenario
         // made `lookahead`'s preempt 30x slower at 5,000 nodes
-        let count = sess.nodes.len();
+        let count = sess.cluster.nodes.len();
         let (mut fits, mut fits_idle) = (vec![false; count], vec![false; count]);
         let mut fitting = Vec::new();
         for &n in within {
@@ -753,15 +769,15 @@ fn choose_filtered(
     let spread = if gpu { sess.config.gpu_spread } else { sess.config.cpu_spread };
     let free_total = |s: &Session, n: usize| {
         if gpu {
-            (s.free_gpu_at(n), s.cap_gpu[n])
+            (s.cluster.free_gpu_at(n), s.cluster.cap_gpu[n])
         } else {
-            (s.free_cpu_at(n), s.cap_cpu[n])
+            (s.cluster.free_cpu_at(n), s.cluster.cap_cpu[n])
         }
     };
     let mut range: Option<(i64, i64)> = None;
     for &n in within {
         let (free, total) = free_total(sess, n);
-        if sess.schedulable[n] && total > 0 {
+        if sess.cluster.schedulable[n] && total > 0 {
             range = Some(range.map_or((free, free), |(lo, hi)| (lo.min(free), hi.max(free))));
         }
     }
@@ -779,7 +795,7 @@ fn choose_filtered(
         };
         let mut score = base + if shown_idle(sess, task, n as i32, idle) { 100.0 } else { 0.0 };
         if !gpu {
-            score += if sess.cap_gpu[n] == 0 { 10.0 } else { 0.0 };
+            score += if sess.cluster.cap_gpu[n] == 0 { 10.0 } else { 0.0 };
         }
         if bonus {
             score += 1000.0 * if sharing_bonus_on(sess, task, n as i32) { 1.0 } else { 0.0 };
@@ -795,15 +811,19 @@ fn choose_filtered(
 /// The nodes with `gpus` free whole GPUs or more, in binpack walk order (by free GPUs, then
 /// node). (few, nodes): when there are more than FEW, only the first FEW + 1.
 fn whole_candidates(sess: &Session, gpus: i64) -> (bool, Vec<i32>) {
-    let total: usize = sess.by_free.range(gpus..).map(|(_, nodes)| nodes.len()).sum();
+    let total: usize = sess.cluster.by_free.range(gpus..).map(|(_, nodes)| nodes.len()).sum();
     if total <= FEW {
         return (
             true,
-            sess.by_free.range(gpus..).flat_map(|(_, nodes)| nodes.iter().copied()).collect(),
+            sess.cluster
+                .by_free
+                .range(gpus..)
+                .flat_map(|(_, nodes)| nodes.iter().copied())
+                .collect(),
         );
     }
     let mut order = Vec::new();
-    for (_, nodes) in sess.by_free.range(gpus..) {
+    for (_, nodes) in sess.cluster.by_free.range(gpus..) {
         let room = FEW + 1 - order.len();
         order.extend(nodes.iter().take(room).copied());
         if order.len() > FEW {
@@ -816,16 +836,16 @@ fn whole_candidates(sess: &Session, gpus: i64) -> (bool, Vec<i32>) {
 /// The nodes with a shared device with `cost` room or a free whole GPU, in node order, when
 /// there are at most FEW of them.
 fn few_fraction_candidates(sess: &Session, cost: i64) -> Option<Vec<i32>> {
-    let rooms: usize = sess.by_room.range(cost..).map(|(_, n)| n.len()).sum();
-    let wholes: usize = sess.by_free.values().map(|n| n.len()).sum();
+    let rooms: usize = sess.cluster.by_room.range(cost..).map(|(_, n)| n.len()).sum();
+    let wholes: usize = sess.cluster.by_free.values().map(|n| n.len()).sum();
     if rooms + wholes > FEW {
         return None;
     }
     let mut found: Vec<i32> = Vec::with_capacity(rooms + wholes);
-    for (_, nodes) in sess.by_room.range(cost..) {
+    for (_, nodes) in sess.cluster.by_room.range(cost..) {
         found.extend(nodes.iter().copied());
     }
-    for nodes in sess.by_free.values() {
+    for nodes in sess.cluster.by_free.values() {
         found.extend(nodes.iter().copied());
     }
     found.sort_unstable();
@@ -840,8 +860,11 @@ fn gpu_candidates(sess: &Session, task: usize) -> Option<Vec<i32>> {
         return None;
     }
     Some(
-        (0..sess.nodes.len())
-            .filter(|&n| sess.dev_room_at[n] >= req.gpu_fraction_milli || sess.gpu_free_at[n] >= 1)
+        (0..sess.cluster.nodes.len())
+            .filter(|&n| {
+                sess.cluster.dev_room_at[n] >= req.gpu_fraction_milli
+                    || sess.cluster.gpu_free_at[n] >= 1
+            })
             .map(|n| n as i32)
             .collect(),
     )
@@ -861,7 +884,7 @@ fn idle_after(sess: &Session, task: usize, how: &IdleAfter<'_>, k: usize) -> boo
             *idle_fits
                 > order[..k.min(order.len())]
                     .iter()
-                    .filter(|&&n| sess.idle_at[n as usize] >= gpus)
+                    .filter(|&&n| sess.cluster.idle_at[n as usize] >= gpus)
                     .count() as i64
         }
         IdleAfter::Array { order } => may_fit_on_idle(sess, task, &order[k.min(order.len())..]),
@@ -869,11 +892,11 @@ fn idle_after(sess: &Session, task: usize, how: &IdleAfter<'_>, k: usize) -> boo
 }
 
 fn binpack_whole(sess: &mut Session, task: usize, order: &[i32]) -> Option<Choice> {
-    if sess.config.gpu_spread || sess.free_counts.is_empty() {
+    if sess.config.gpu_spread || sess.cluster.free_counts.is_empty() {
         return None;
     }
     let gpus = sess.tasks[task].req.gpus;
-    let idle_fits: i64 = sess.idle_counts.range(gpus..).map(|(_, c)| *c).sum();
+    let idle_fits: i64 = sess.cluster.idle_counts.range(gpus..).map(|(_, c)| *c).sum();
     walk(sess, task, order, &IdleAfter::Whole { idle_fits, order }, true).0
 }
 
@@ -909,7 +932,7 @@ fn walk(
 
 fn walk_array(sess: &mut Session, task: usize, nodes: &[i32]) -> (Option<Choice>, bool) {
     let mut order = nodes.to_vec();
-    order.sort_by_key(|&n| (sess.gpu_free_at[n as usize], n));
+    order.sort_by_key(|&n| (sess.cluster.gpu_free_at[n as usize], n));
     let more = order.len() > FEW;
     let head: Vec<i32> = order.iter().take(FEW + 1).copied().collect();
     walk(sess, task, &head, &IdleAfter::Array { order: &order }, more)
@@ -920,13 +943,13 @@ fn may_fit_on_idle(sess: &Session, task: usize, nodes: &[i32]) -> bool {
     let req = &sess.tasks[task].req;
     nodes.iter().any(|&node| {
         let n = node as usize;
-        let idle_whole = sess.cap_gpu[n] - sess.used_gpu[n];
+        let idle_whole = sess.cluster.cap_gpu[n] - sess.cluster.used_gpu[n];
         if req.gpus != 0 {
             return idle_whole >= req.gpus;
         }
         // (for a fraction, KAI's availability score: devices it fits on, releasing room
         // counted)
-        let fit_groups = sess.groups[n]
+        let fit_groups = sess.cluster.groups[n]
             .iter()
             .filter(|g| {
                 g.releasing < g.used && MILLI - g.used + g.releasing - req.gpu_fraction_milli >= 0
@@ -938,11 +961,13 @@ fn may_fit_on_idle(sess: &Session, task: usize, nodes: &[i32]) -> bool {
 
 fn binpack_fraction(sess: &mut Session, task: usize, cand: &[i32]) -> Option<Choice> {
     let cost = sess.tasks[task].req.gpu_fraction_milli;
-    if cost == 0 || sess.config.gpu_spread || sess.free_counts.is_empty() {
+    if cost == 0 || sess.config.gpu_spread || sess.cluster.free_counts.is_empty() {
         return None;
     }
-    let sharing: Vec<i32> =
-        (0..sess.nodes.len()).filter(|&n| sess.dev_room_at[n] >= cost).map(|n| n as i32).collect();
+    let sharing: Vec<i32> = (0..sess.cluster.nodes.len())
+        .filter(|&n| sess.cluster.dev_room_at[n] >= cost)
+        .map(|n| n as i32)
+        .collect();
     if !sharing.is_empty() {
         let (picked, settled) = walk_array(sess, task, &sharing);
         if picked.is_some() || !settled {
@@ -967,7 +992,14 @@ fn choose_among(
             fitting.push((node, idle));
         }
     }
-    place_best(sess, task, &fitting, explain, |s, n| s.gpu_free_at[n] as f64, sharing_bonus_on)
+    place_best(
+        sess,
+        task,
+        &fitting,
+        explain,
+        |s, n| s.cluster.gpu_free_at[n] as f64,
+        sharing_bonus_on,
+    )
 }
 
 pub fn place_on(sess: &mut Session, task: usize, node: i32, on_idle: bool) -> Choice {

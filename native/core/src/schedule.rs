@@ -8,10 +8,11 @@ use rustc_hash::FxHashSet;
 use crate::actions::{allocate, consolidation, preempt, reclaim, stale};
 use crate::capacity::QUEUE_DOES_NOT_EXIST;
 use crate::fairshare::{divide, ShareInput};
-use crate::model::{PodStatus, SchedulerConfig, Snapshot};
+use crate::jobs::Task;
+use crate::model::{Amounts, PodStatus, SchedulerConfig, Snapshot};
 use crate::pyfmt::fmt_g;
 use crate::queuetree::QUEUE_PARENT_CYCLE;
-use crate::state::{Amounts, EvictMessage, Session, Task};
+use crate::state::{EvictMessage, Session};
 
 pub struct PodOutcome {
     pub status: PodStatus,
@@ -97,7 +98,7 @@ pub fn compute_fair_share(sess: &mut Session) {
             .collect();
         let roots: Vec<usize> =
             (0..sess.queues.len()).filter(|&i| sess.queues[i].parent_id.is_none()).collect();
-        divide(sess.total[r], &roots, &mut inputs, sess.config.k_value);
+        divide(sess.cluster.total[r], &roots, &mut inputs, sess.config.k_value);
         for (q, input) in sess.queues.iter_mut().zip(inputs) {
             q.fair_share[r] = input.fair_share;
         }
@@ -121,7 +122,8 @@ pub fn schedule(
     }
     let mut sess = Session::new(snapshot, config, now);
     compute_fair_share(&mut sess);
-    let existing_groups: FxHashSet<u32> = sess.groups.iter().flatten().map(|g| g.gid).collect();
+    let existing_groups: FxHashSet<u32> =
+        sess.cluster.groups.iter().flatten().map(|g| g.gid).collect();
     let mut stale_set = Vec::new();
     let mut stale_cleared = Vec::new();
     let mut action_seconds = Vec::new();
@@ -217,7 +219,7 @@ fn collect(
         });
         if task.orig_status == PodStatus::Pending && live.status == PodStatus::Allocated {
             let portion =
-                if task.req.is_shared() { sess.portion(&task.req, live.node) } else { 0.0 };
+                if task.req.is_shared() { sess.cluster.portion(&task.req, live.node) } else { 0.0 };
             binds.push(Bind {
                 task: idx,
                 node: live.node,
@@ -276,8 +278,8 @@ fn collect(
         queue_names: sess.queues.iter().map(|q| q.name.clone()).collect(),
         queue_parents: sess.queues.iter().map(|q| q.parent.clone()).collect(),
         action_seconds,
-        gids: std::mem::take(&mut sess.gids),
-        node_names: sess.nodes.iter().map(|n| n.name.clone()).collect(),
+        gids: std::mem::take(&mut sess.cluster.gids),
+        node_names: sess.cluster.nodes.iter().map(|n| n.name.clone()).collect(),
     }
 }
 
@@ -360,11 +362,11 @@ fn job_statuses(sess: &mut Session) -> Vec<JobStatus> {
             continue;
         }
         let mut fit = None;
-        let (reason, message) = if let Some(why) = sess.excluded_queues.get(&js.queue) {
+        let (reason, message) = if let Some(why) = sess.queues.excluded_queues.get(&js.queue) {
             (QUEUE_PARENT_CYCLE.to_string(), why.clone())
         } else if js.queue_id.is_none() {
             (QUEUE_DOES_NOT_EXIST.to_string(), format!("Queue '{}' does not exist", js.queue))
-        } else if !sess.is_leaf(js.queue_id) {
+        } else if !sess.queues.is_leaf(js.queue_id) {
             (
                 "QueueNotLeaf".to_string(),
                 format!("Queue '{}' has child queues; only leaf queues run workloads", js.queue),

@@ -13,7 +13,9 @@ pub fn schedulable_jobs(sess: &Session) -> Vec<usize> {
         .iter()
         .copied()
         .filter(|&job| {
-            sess.has_pending(job) && sess.is_leaf(sess.jobs[job].queue_id) && sess.is_ready(job)
+            sess.has_pending(job)
+                && sess.queues.is_leaf(sess.jobs[job].queue_id)
+                && sess.is_ready(job)
         })
         .collect()
 }

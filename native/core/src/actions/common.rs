@@ -4,7 +4,8 @@
 use crate::capacity::{check_job, job_level_request};
 use crate::model::PodStatus;
 use crate::placement::{self, Reasons};
-use crate::state::{JobError, Session, Sticky};
+use crate::state::{JobError, Session};
+use crate::statement::Sticky;
 
 pub fn record_error(
     sess: &mut Session,
@@ -65,7 +66,7 @@ pub fn place_tasks(
         }
         return false;
     }
-    let checkpoint = sess.checkpoint();
+    let checkpoint = sess.statement().checkpoint();
     let mut placed: Vec<usize> = Vec::with_capacity(tasks.len());
     // the previous placement carries over from the previous job when nothing else changed
     // since (same undo length). A fast path the Python specification does not take (it
@@ -98,7 +99,7 @@ pub fn place_tasks(
                 match picked {
                     Some(c) => c,
                     None => {
-                        sess.rollback(checkpoint);
+                        sess.statement().rollback(checkpoint);
                         if record {
                             let message =
                                 gang_message(sess, job, placed.len(), tasks.len(), task, &reasons);
@@ -117,7 +118,7 @@ pub fn place_tasks(
         };
         last = Some(sticky);
         let pipelined = pipeline_only || !choice.on_idle;
-        sess.allocate(task, choice.node, choice.groups, pipelined);
+        sess.statement().allocate(task, choice.node, choice.groups, pipelined);
         placed.push(sess.tasks[task].moved.unwrap_or(task));
         sess.sticky = Some((sticky, sess.undo.len()));
     }
@@ -152,7 +153,7 @@ fn pipeline_whole_gang_if_needed(sess: &mut Session, job: usize, placed: &[usize
     if below {
         for &t in placed {
             if sess.tasks[t].status == PodStatus::Allocated {
-                sess.set_status(t, PodStatus::Pipelined);
+                sess.statement().set_status(t, PodStatus::Pipelined);
             }
         }
     }

@@ -51,8 +51,8 @@ impl Rules for Consolidation {
 /// releasing GPU sums.
 fn free_gpus(sess: &Session) -> f64 {
     let mut total = 0i64;
-    for n in 0..sess.nodes.len() {
-        if sess.schedulable[n] {
+    for n in 0..sess.cluster.nodes.len() {
+        if sess.cluster.schedulable[n] {
             let (idle, releasing) = gpu_sums_at(sess, n);
             total += idle + releasing;
         }

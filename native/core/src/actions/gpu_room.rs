@@ -6,7 +6,9 @@
 
 use rustc_hash::FxHashMap;
 
-use crate::state::{Group, Session, MILLI};
+use crate::cluster::Group;
+use crate::model::MILLI;
+use crate::state::Session;
 
 /// Whether victims freeing `amount` of a shared device make it a whole GPU for KAI's idle-GPU
 /// filter. A device only pipelined sharers hold KAI counts in neither of a node's sums
@@ -39,9 +41,9 @@ pub struct FreeGpus {
 impl FreeGpus {
     pub fn new(sess: &Session) -> FreeGpus {
         let mut whole = FxHashMap::default();
-        for n in 0..sess.nodes.len() {
-            if sess.schedulable[n] {
-                let free = sess.free_gpu_at(n);
+        for n in 0..sess.cluster.nodes.len() {
+            if sess.cluster.schedulable[n] {
+                let free = sess.cluster.free_gpu_at(n);
                 if free > 0 {
                     whole.insert(n as i32, free);
                 }
@@ -67,9 +69,9 @@ impl FreeGpus {
     pub fn devices(&mut self, sess: &Session) -> &FxHashMap<DevKey, i64> {
         if self.devices.is_none() {
             let mut devices = FxHashMap::default();
-            for nodes in sess.by_room.values() {
+            for nodes in sess.cluster.by_room.values() {
                 for &node in nodes {
-                    for g in &sess.groups[node as usize] {
+                    for g in &sess.cluster.groups[node as usize] {
                         let room = MILLI - g.used + g.releasing;
                         if g.releasing < g.used && room > 0 {
                             devices.insert((node, g.gid), room);
@@ -79,7 +81,7 @@ impl FreeGpus {
             }
             if let Some(freed) = &self.freed_devices {
                 for (&key, &amount) in freed {
-                    let Some(group) = sess.group(key.0, key.1) else { continue };
+                    let Some(group) = sess.cluster.group(key.0, key.1) else { continue };
                     if freed_whole(group, amount) {
                         devices.remove(&key);
                     } else {
@@ -158,7 +160,7 @@ impl FreeGpus {
             }
         }
         for (&key, &amount) in &freed.device {
-            if let Some(group) = sess.group(key.0, key.1) {
+            if let Some(group) = sess.cluster.group(key.0, key.1) {
                 if freed_whole(group, amount) {
                     *whole.entry(key.0).or_insert(0) += 1;
                 }
@@ -190,7 +192,7 @@ fn bump<K: std::hash::Hash + Eq>(sums: &mut FxHashMap<K, i64>, key: K, delta: i6
 impl Freed {
     pub fn add(&mut self, sess: &Session, t: usize, sign: i64) {
         let task = &sess.tasks[t];
-        if task.node < 0 || !sess.schedulable[task.node as usize] {
+        if task.node < 0 || !sess.cluster.schedulable[task.node as usize] {
             return;
         }
         if task.req.gpus != 0 {
@@ -216,7 +218,7 @@ pub fn free_into(
     freed: &mut FxHashMap<DevKey, i64>,
 ) {
     let task = &sess.tasks[t];
-    if task.node < 0 || !sess.schedulable[task.node as usize] {
+    if task.node < 0 || !sess.cluster.schedulable[task.node as usize] {
         return;
     }
     let node = task.node;
@@ -232,7 +234,7 @@ pub fn free_into(
         let key = (node, gid);
         let amount = freed.get(&key).copied().unwrap_or(0) + task.gpu_mem_cost;
         freed.insert(key, amount);
-        let Some(group) = sess.group(node, gid) else { continue };
+        let Some(group) = sess.cluster.group(node, gid) else { continue };
         if freed_whole(group, amount) {
             let v = whole
                 .get(&node)
@@ -275,13 +277,13 @@ pub fn needs(sess: &mut Session, prefix: &[usize]) -> (Vec<i64>, Vec<i64>) {
     let mut whole: Vec<i64> =
         prefix.iter().map(|&t| sess.tasks[t].req.gpus).filter(|&g| g != 0).collect();
     whole.sort_by(|a, b| b.cmp(a));
-    let widest = sess.widest_gpu_node();
+    let widest = sess.cluster.widest_gpu_node();
     let mut fractions = Vec::new();
     for &t in prefix {
         let req = sess.tasks[t].req;
         if req.is_shared() {
             for _ in 0..req.fraction_devices {
-                fractions.push(sess.device_cost(&req, widest));
+                fractions.push(sess.cluster.device_cost(&req, widest));
             }
         }
     }
@@ -452,7 +454,7 @@ impl GpuRoom {
         }
         self.devices = FxHashMap::default();
         for (&key, &amount) in freed {
-            if let Some(group) = sess.group(key.0, key.1) {
+            if let Some(group) = sess.cluster.group(key.0, key.1) {
                 let room = if freed_whole(group, amount) {
                     0
                 } else {
@@ -696,13 +698,13 @@ fn adjust(counts: &mut FxHashMap<i64, i64>, value: i64, sign: i64) {
 /// victims go counts as one) and the rooms of its live shared devices.
 fn part_of(sess: &Session, freed: &Freed, node: i32) -> (i64, Vec<i64>) {
     let n = node as usize;
-    if !sess.schedulable[n] {
+    if !sess.cluster.schedulable[n] {
         return (0, Vec::new());
     }
-    let free = sess.free_gpu_at(n);
+    let free = sess.cluster.free_gpu_at(n);
     let mut whole = free.max(0) + freed.whole.get(&node).copied().unwrap_or(0);
     let mut rooms = Vec::new();
-    for group in &sess.groups[n] {
+    for group in &sess.cluster.groups[n] {
         match freed.device.get(&(node, group.gid)) {
             Some(&amount) => {
                 if freed_whole(group, amount) {

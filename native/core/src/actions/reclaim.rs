@@ -1,11 +1,13 @@
 //! reclaim: a queue below its fair share takes resources back from queues above theirs
 //! (kai_ray/core/actions/reclaim.py).
 
+use crate::accounting::leq;
 use crate::actions::allocate::schedulable_jobs;
 use crate::actions::runtime::{protected, Kind};
 use crate::actions::solver::{FailedJobs, Rules, Solver, VictimCache};
+use crate::model::Amounts;
 use crate::ordering::{job_request, Items, JobQueue};
-use crate::state::{leq, Amounts, EvictMessage, Session};
+use crate::state::{EvictMessage, Session};
 
 fn can_reclaim(sess: &Session, job: usize, request: Amounts) -> bool {
     let q = &sess.queues[sess.jobs[job].queue_id.expect("a leaf queue")];
@@ -35,8 +37,8 @@ struct Reclaim {
 
 /// The reclaimer's and the victim's queues at the level where their paths part.
 fn leveled(sess: &Session, reclaimer: usize, victim: usize) -> (usize, usize) {
-    let a: Vec<usize> = sess.paths[reclaimer].iter().rev().copied().collect();
-    let b: Vec<usize> = sess.paths[victim].iter().rev().copied().collect();
+    let a: Vec<usize> = sess.queues.paths[reclaimer].iter().rev().copied().collect();
+    let b: Vec<usize> = sess.queues.paths[victim].iter().rev().copied().collect();
     let (mut ra, mut rb) = (a[0], b[0]);
     for i in 0..a.len().min(b.len()) {
         ra = a[i];
@@ -107,7 +109,7 @@ impl Reclaim {
                 let in_set: Vec<usize> =
                     tasks.iter().copied().filter(|t| ps.tasks.contains(t)).collect();
                 for (i, &t) in in_set.iter().enumerate() {
-                    let amount = sess.task_queue_amount(t);
+                    let amount = sess.cluster.queue_amount(&sess.tasks[t]);
                     if (i as i64) < ps.min_member {
                         core = [core[0] + amount[0], core[1] + amount[1], core[2] + amount[2]];
                         has_core = true;
@@ -143,7 +145,7 @@ impl Reclaim {
                 if !self.fits_strategy(sess, rq, vq, &rem) {
                     return false;
                 }
-                for &q in &sess.paths[*victim_queue] {
+                for &q in &sess.queues.paths[*victim_queue] {
                     let at = slot(&mut remaining, q, self.allocated[q]);
                     let left = &mut remaining[at].1;
                     for r in 0..3 {
@@ -156,7 +158,7 @@ impl Reclaim {
         }
         let reclaimer_involved = involved(&request);
         let mult = sess.config.reclaimer_saturation_multiplier;
-        for &q in &sess.paths[own] {
+        for &q in &sess.queues.paths[own] {
             let qs = &sess.queues[q];
             let base =
                 remaining.iter().find(|(k, _)| *k == q).map_or(self.allocated[q], |(_, v)| *v);

@@ -9,7 +9,7 @@ pub enum Kind {
 }
 
 fn resolve(sess: &Session, job: usize, kind: Kind) -> f64 {
-    for &q in sess.queue_path(sess.jobs[job].queue_id) {
+    for &q in sess.queues.path(sess.jobs[job].queue_id) {
         let value = match kind {
             Kind::Preempt => sess.queues[q].preempt_min_runtime,
             Kind::Reclaim => sess.queues[q].reclaim_min_runtime,

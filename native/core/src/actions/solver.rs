@@ -19,9 +19,11 @@ use crate::actions::common::place_tasks;
 use crate::actions::gpu_room::{free_into, needs, AllFreed, DevKey, FreeGpus, Freed, GpuRoom};
 use crate::actions::victim_stream::{StreamRead, Takes, VictimStream};
 use crate::actions::victims::{new_unit, take_unrecorded, unit_of, victim_units};
+use crate::jobs::Signature;
 use crate::model::PodStatus;
 use crate::ordering::{scenario_queue, Items, JobQueue, PendingOrder};
-use crate::state::{EvictInfo, EvictMessage, Session, Signature, Undo};
+use crate::state::{EvictInfo, EvictMessage, Session};
+use crate::statement::Undo;
 
 /// Which victims a job may take: preempt (queue, priority), reclaim (queue, i64::MIN); None
 /// for consolidation (no cache across jobs).
@@ -261,7 +263,7 @@ pub struct VictimCache {
     gpu_feasible: Option<GpuFeasible>,
 }
 
-/// The nodes with idle or releasing GPUs, as of `Session::gpu_log` read up to `read`.
+/// The nodes with idle or releasing GPUs, as of `ClusterState::gpu_log` read up to `read`.
 struct GpuFeasible {
     read: usize,
     mask: Vec<bool>,
@@ -273,18 +275,18 @@ impl VictimCache {
     /// KAI's FeasibleNodesForJob (feasible_nodes.go) for a job all of whose pods ask for a
     /// GPU, the nodes a victim scenario may place on before its victims' nodes are added: those
     /// whose idle or whose releasing GPU sum (`gpu_sums_at`) is above 0, as a mask and in node
-    /// order; only the nodes recounted since (`Session::gpu_log`) are worked out again.
+    /// order; only the nodes recounted since (`ClusterState::gpu_log`) are worked out again.
     fn update_gpu_feasible(&mut self, sess: &Session) {
         let feasible = |n: usize| {
             let (idle, releasing) = gpu_sums_at(sess, n);
             idle > 0 || releasing > 0
         };
-        let read = sess.gpu_log.len();
+        let read = sess.cluster.gpu_log.len();
         match &mut self.gpu_feasible {
             Some(known) if known.read == read => {}
             Some(known) => {
                 let mut changed = false;
-                for &n in &sess.gpu_log[known.read..] {
+                for &n in &sess.cluster.gpu_log[known.read..] {
                     let now = feasible(n as usize);
                     changed |= known.mask[n as usize] != now;
                     known.mask[n as usize] = now;
@@ -295,7 +297,7 @@ impl VictimCache {
                 known.read = read;
             }
             None => {
-                let mask: Vec<bool> = (0..sess.nodes.len()).map(feasible).collect();
+                let mask: Vec<bool> = (0..sess.cluster.nodes.len()).map(feasible).collect();
                 let list = (0..mask.len()).filter(|&n| mask[n]).collect();
                 self.gpu_feasible = Some(GpuFeasible { read, mask, list });
             }
@@ -539,7 +541,7 @@ impl<'a> Solver<'a> {
         if tasks.is_empty() {
             return false;
         }
-        let base = sess.checkpoint();
+        let base = sess.statement().checkpoint();
         let active_before = sess.active_count(job);
         // the state is rolled back to `base` before every prefix: the candidates and the free
         // GPUs are the same for all of them
@@ -565,13 +567,13 @@ impl<'a> Solver<'a> {
             (recorded, actual) = found;
             solved = k == tasks.len();
             if !solved {
-                sess.rollback(base);
+                sess.statement().rollback(base);
             }
         }
         if solved && sess.gang_satisfied(job) && sess.active_count(job) > active_before {
             return true;
         }
-        sess.rollback(base);
+        sess.statement().rollback(base);
         false
     }
 
@@ -781,7 +783,7 @@ impl<'a> Solver<'a> {
         victims: &[usize],
         nodes: Option<Vec<usize>>,
     ) -> Option<Vec<usize>> {
-        let checkpoint = sess.checkpoint();
+        let checkpoint = sess.statement().checkpoint();
         let mut order_jobs = vec![job];
         for &t in victims {
             add_job(&mut order_jobs, sess.tasks[t].job);
@@ -793,7 +795,7 @@ impl<'a> Solver<'a> {
             PendingOrder::sync(sess);
         }
         for &task in victims {
-            sess.evict(task);
+            sess.statement().evict(task);
             sess.evict_info.insert(
                 task,
                 EvictInfo {
@@ -822,7 +824,7 @@ impl<'a> Solver<'a> {
                     .collect();
                 if !place_tasks(sess, job, &pending, true, false) {
                     sess.set_node_filter(None);
-                    sess.rollback(checkpoint);
+                    sess.statement().rollback(checkpoint);
                     return None;
                 }
                 continue;
@@ -843,7 +845,7 @@ impl<'a> Solver<'a> {
         let moved: Vec<usize> =
             victims.iter().copied().filter(|&t| sess.tasks[t].moved.is_some()).collect();
         if !self.rules.validate(sess, &evicted, &moved) {
-            sess.rollback(checkpoint);
+            sess.statement().rollback(checkpoint);
             return None;
         }
         let mut out = evicted;
@@ -855,9 +857,9 @@ impl<'a> Solver<'a> {
 /// KAI's idle and releasing GPU sums of node `n` (GetSumOfIdleGPUs, GetSumOfReleasingGPUs)
 /// in 1/100 of a device (kai_ray/core/actions/solver.py `gpu_sums`).
 pub fn gpu_sums_at(sess: &Session, n: usize) -> (i64, i64) {
-    let mut idle = 100 * (sess.cap_gpu[n] - sess.used_gpu[n]);
-    let mut releasing = 100 * sess.rel_gpu[n];
-    for g in &sess.groups[n] {
+    let mut idle = 100 * (sess.cluster.cap_gpu[n] - sess.cluster.used_gpu[n]);
+    let mut releasing = 100 * sess.cluster.rel_gpu[n];
+    for g in &sess.cluster.groups[n] {
         if g.used > 0 {
             idle += 100 - (g.used + 9) / 10;
         }

@@ -58,7 +58,7 @@ pub fn run(sess: &mut Session, stale_set: &mut Vec<(usize, f64)>, stale_cleared:
                      evicting remaining pod: {}/{}",
                     t.namespace, t.name
                 );
-                sess.evict(task);
+                sess.statement().evict(task);
                 sess.evict_info.insert(
                     task,
                     EvictInfo {

@@ -13,8 +13,9 @@ use rustc_hash::{FxHashMap, FxHashSet};
 
 use crate::actions::gpu_room::{free_into, freed_whole, DevKey, FreeGpus, GpuRoom};
 use crate::actions::victims::{new_unit, take, take_unrecorded};
+use crate::model::MILLI;
 use crate::ordering::JobQueue;
-use crate::state::{Session, MILLI};
+use crate::state::Session;
 
 enum Tally {
     /// how many requests of `size` whole GPUs the nodes' free whole GPUs could hold
@@ -70,7 +71,7 @@ impl Tally {
             Tally::Fits { size, per_whole, device_freed, now, values } => {
                 *now += *per_whole * gains.iter().map(|(_, g)| g).sum::<i64>();
                 for &(key, cost) in events {
-                    let Some(group) = sess.group(key.0, key.1) else { continue };
+                    let Some(group) = sess.cluster.group(key.0, key.1) else { continue };
                     let before = device_freed.get(&key).copied().unwrap_or(0);
                     device_freed.insert(key, before + cost);
                     let old = MILLI - group.used + group.releasing + before;
@@ -287,7 +288,7 @@ impl VictimStream {
         let mut milli = 0;
         for &t in &self.taken[i] {
             let task = &sess.tasks[t];
-            if task.node >= 0 && sess.schedulable[task.node as usize] {
+            if task.node >= 0 && sess.cluster.schedulable[task.node as usize] {
                 milli += MILLI * task.req.gpus;
             }
         }
@@ -327,7 +328,7 @@ impl VictimStream {
         };
         for &t in &self.taken[i] {
             let task = &sess.tasks[t];
-            if task.node < 0 || !sess.schedulable[task.node as usize] {
+            if task.node < 0 || !sess.cluster.schedulable[task.node as usize] {
                 continue;
             }
             if task.req.gpus != 0 {
@@ -339,7 +340,7 @@ impl VictimStream {
                 events.push((key, task.gpu_mem_cost));
                 let freed = self.device_freed.get(&key).copied().unwrap_or(0) + task.gpu_mem_cost;
                 self.device_freed.insert(key, freed);
-                if let Some(group) = sess.group(task.node, gid) {
+                if let Some(group) = sess.cluster.group(task.node, gid) {
                     if freed_whole(group, freed) && !freed_whole(group, freed - task.gpu_mem_cost) {
                         gain(&mut gains, task.node, 1);
                     }
@@ -455,7 +456,7 @@ impl VictimStream {
         }
         let placed = |sess: &Session, t: usize| {
             let n = sess.tasks[t].node;
-            n >= 0 && sess.schedulable[n as usize]
+            n >= 0 && sess.cluster.schedulable[n as usize]
         };
         let need_whole: i64 = room.whole_needed.iter().sum();
         let extra: Vec<usize> =
@@ -467,7 +468,7 @@ impl VictimStream {
             .collect();
         let mut recorded_places: i64 = on_node.values().sum();
         for (&(node, gid), &amount) in &room.freed {
-            if let Some(group) = sess.group(node, gid) {
+            if let Some(group) = sess.cluster.group(node, gid) {
                 if !freed_whole(group, amount) {
                     *on_node.entry(node).or_insert(0) += 1;
                     recorded_places += 1;

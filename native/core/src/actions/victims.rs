@@ -4,8 +4,9 @@
 
 use std::cmp::Ordering;
 
+use crate::jobs::cmp_task;
 use crate::model::PodStatus;
-use crate::state::{cmp_task, Session, VictimUnit};
+use crate::state::{Session, VictimUnit};
 
 fn victim_state(s: PodStatus) -> bool {
     matches!(s, PodStatus::Allocated | PodStatus::Binding | PodStatus::Bound | PodStatus::Running)
