@@ -738,3 +738,37 @@ def test_packing_policies_take_the_same_decisions(data) -> None:  # type: ignore
     for now in (1.0, 2.0, 63.0):
         result = both(snapshot, config, now)
         snapshot = runner.advance(snapshot, result)
+
+
+def test_a_skipped_job_of_a_sibling_leaf_orders_a_reclaim_scenario() -> None:
+    """A victim scenario places its reclaimer and victims again in KAI's job order, among every
+    pending job: one that is not placed again is skipped, but while it heads its queue the
+    queue is compared by it. r (leaf L2 of P) reclaims s (S) off the only GPU. With big first
+    in L (its sibling leaf, higher priority), P is compared by 2 GPUs, over its quota of 1, so
+    not starved: S (priority 125) pops first, s takes its GPU back and r stays pending. Without
+    big, P is starved for r, r pops first and the reclaim goes through. The Rust core takes
+    only the pending jobs that can change the order: a leaf without a wanted job under a
+    contested parent gives all of them (`above`; one that gave none went unseen)."""
+    def quota(gpus: float) -> ResourceQuota:
+        return ResourceQuota(gpus, -1, 1)
+
+    open_ = ResourceQuota(-1, -1, 1)
+    node = (Node("n0", 64000, 10**12, gpus=1),)
+    queues = (Queue("P", priority=100, gpu=quota(1), cpu=open_, memory=open_, created=1.0),
+              Queue("S", priority=125, gpu=quota(0), cpu=open_, memory=open_, created=2.0),
+              Queue("L", parent="P", priority=125, gpu=quota(2), cpu=open_, memory=open_,
+                    created=3.0),
+              Queue("L2", parent="P", priority=100, gpu=quota(1), cpu=open_, memory=open_,
+                    created=4.0))
+    one = Request(gpus=1)
+    victim = Job("s", "S", 50, (Pod("s-0", one, status=PodStatus.RUNNING, node="n0"),))
+    reclaimer = Job("r", "L2", 50, (Pod("r-0", one),), created=10.0)
+    big = Job("big", "L", 50, (Pod("big-0", Request(gpus=2)),), created=11.0)  # never fits
+    alone = both(Snapshot(node, queues, (victim, reclaimer)), SchedulerConfig(), 0.0)
+    assert [(e.pod, e.action, e.preemptor) for e in alone.evictions] == [("s-0", "reclaim", "r")]
+    assert [p.pod for p in alone.pipelined] == ["r-0"]
+    snapshot = Snapshot(node, queues, (victim, reclaimer, big))
+    python = schedule(snapshot, SchedulerConfig(), 0.0, core="python")
+    assert python.evictions == [] and python.pipelined == [] and python.binds == []
+    assert python.pods["s-0"].status == "Running" and python.pods["r-0"].status == "Pending"
+    assert_same(schedule(snapshot, SchedulerConfig(), 0.0, core="native"), python)
