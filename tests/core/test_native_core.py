@@ -772,3 +772,30 @@ def test_a_skipped_job_of_a_sibling_leaf_orders_a_reclaim_scenario() -> None:
     assert python.evictions == [] and python.pipelined == [] and python.binds == []
     assert python.pods["s-0"].status == "Running" and python.pods["r-0"].status == "Pending"
     assert_same(schedule(snapshot, SchedulerConfig(), 0.0, core="native"), python)
+
+
+def test_a_job_left_in_a_parent_queue_is_never_a_victim() -> None:
+    """A walk of the queue tree reads only leaves' heaps, so a running job whose queue has
+    children is never popped as a victim. The Rust core's pop shortcuts (one heap, or one heap
+    left holding items) checked only that the queue was in the tree, and reclaimed it (found by
+    review; the old build fails here: 'pipelined differs')."""
+    open_ = ResourceQuota(-1, -1, 1)
+
+    def queue(name: str, gpus: float, parent: str | None = None) -> Queue:
+        return Queue(name, parent=parent, gpu=ResourceQuota(gpus, -1, 1), cpu=open_,
+                     memory=open_, created=float(len(name)))
+
+    one = Request(gpus=1)
+    queues = (queue("P", 0), queue("A", 0, parent="P"), queue("C", 0), queue("B", 2))
+    parked = Job("v", "P", 50, (Pod("v-0", one, status=PodStatus.RUNNING, node="n0"),))
+    # the only victim: one heap
+    alone = both(Snapshot((Node("n0", 64000, 10**12, gpus=1),), queues,
+                          (parked, Job("r", "B", 50, (Pod("r-0", one),), created=10.0))),
+                 SchedulerConfig(), 0.0)
+    assert alone.evictions == [] and alone.pipelined == []
+    # the victim left after another queue's: the one heap still holding items
+    other = Job("w", "C", 50, (Pod("w-0", one, status=PodStatus.RUNNING, node="n0"),))
+    gang = Job("r", "B", 50, tuple(Pod(f"r-{i}", one) for i in range(2)), created=10.0)
+    two = both(Snapshot((Node("n0", 64000, 10**12, gpus=2),), queues, (parked, other, gang)),
+               SchedulerConfig(), 0.0)
+    assert [e.pod for e in two.evictions] == ["w-0"]

@@ -311,8 +311,10 @@ impl JobQueue {
         }
     }
 
+    /// Whether a walk from the roots would pop from `key`'s heap: a leaf of the tree (a walk
+    /// reads only leaves' heaps; a job left in a queue that has children is never popped).
     fn reachable(sess: &Session, key: usize) -> bool {
-        key < sess.queues.len() && {
+        key < sess.queues.len() && sess.queues[key].children.is_empty() && {
             let path = &sess.queues.paths[key];
             !path.is_empty() && sess.queues[path[path.len() - 1]].parent_id.is_none()
         }
@@ -537,9 +539,9 @@ impl PendingOrder {
 /// distinct, as they are once the victims are evicted; the preemptor first): ordering.py
 /// `scenario_queue`. KAI pops them from a queue over every job with a pending task
 /// (GetJobsToAllocate) and skips the others, but while one of them is the first of its queue it
-/// is what that queue is compared by. the session's `PendingOrder` (its scratch) holds those others as they were
-/// before the scenario (synced by the caller when the wanted jobs are in more than one queue,
-/// the only case that reads it). The preemptor is compared by what its `prefix` asks: KAI puts
+/// is what that queue is compared by. The session's `PendingOrder` (in its scratch) holds
+/// those others as they were before the scenario (synced by the caller when the wanted jobs are
+/// in more than one queue, the only case that reads it). The preemptor is compared by what its `prefix` asks: KAI puts
 /// in its place the partial job of the prefix (job_solver.go getPartialJobRepresentative).
 pub fn scenario_queue(sess: &mut Session, wanted: &[usize], prefix: &[usize]) -> JobQueue {
     let mut entries: Vec<(usize, (i64, u64, usize))> = Vec::with_capacity(wanted.len());
@@ -565,12 +567,7 @@ pub fn scenario_queue(sess: &mut Session, wanted: &[usize], prefix: &[usize]) ->
     if last.len() > 1 {
         if let Some(pending) = sess.scratch.get::<PendingOrder>() {
             let wanted: FxHashSet<usize> = wanted.iter().copied().collect();
-            let reachable = |key: usize| {
-                key < sess.queues.len() && {
-                    let path = &sess.queues.paths[key];
-                    !path.is_empty() && sess.queues[path[path.len() - 1]].parent_id.is_none()
-                }
-            };
+            let reachable = |key: usize| JobQueue::reachable(sess, key);
             // a subtree without a wanted job matters only through its parent's best job, and
             // that only where the parent competes with a sibling that has one ("contested")
             const ROOTS: usize = usize::MAX;
