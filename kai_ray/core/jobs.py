@@ -32,10 +32,9 @@ class Task:
         "node",
         "node_affinity",
         "node_selector",
-        "orig_groups",
-        "orig_node",
         "orig_status",
         "origin",
+        "pod",
         "replica",
         "req",
         "shape",
@@ -48,6 +47,7 @@ class Task:
     def __init__(self, idx: int, job: JobState, pod: Pod, node: int) -> None:
         self.idx = idx
         self.job = job
+        self.pod = pod
         self.name = pod.name
         self.namespace = pod.namespace
         self.req: Request = pod.request
@@ -55,8 +55,6 @@ class Task:
         self.node = node
         self.groups: tuple[str, ...] = pod.gpu_groups
         self.orig_status = pod.status
-        self.orig_node = node
-        self.orig_groups = pod.gpu_groups
         self.task_priority = pod.task_priority
         self.created = pod.created
         self.is_head = pod.is_ray_head
@@ -108,7 +106,6 @@ class PodSet:
 
 class JobState:
     __slots__ = (
-        "changes",
         "created",
         "last_start",
         "name",
@@ -117,17 +114,13 @@ class JobState:
         "preemptible",
         "priority",
         "queue",
-        "requested",
         "signature",
-        "source",
         "stale_since",
         "tasks",
-        "to_allocate",
         "uses_subgroups",
     )
 
     def __init__(self, job: Job) -> None:
-        self.source = job
         self.name = job.name
         self.namespace = job.namespace
         self.queue = job.queue
@@ -137,12 +130,6 @@ class JobState:
         self.stale_since = job.stale_since
         self.last_start = job.last_start
         self.tasks: list[Task] = []
-        # bumped by the session on every change to one of the job's tasks (and its undo), so
-        # derived values can be cached until the job changes
-        self.changes = 0
-        # made on first use (most jobs of a busy cluster never need them)
-        self.to_allocate: dict[bool, tuple[int, list[Task]]] | None = None
-        self.requested: dict[bool, tuple[int, Amounts]] | None = None
         # KAI's scheduling-constraints signature, fixed on first use (actions/solver.py)
         self.signature: tuple[object, ...] | None = None
         self.uses_subgroups = bool(job.subgroups)
@@ -211,15 +198,6 @@ class JobState:
         """KAI's tasks-to-allocate: the missing minimum of every podset below its minimum, or,
         once every podset is satisfied, one more pending task from the least-satisfied podset.
         In a simulation, tasks evicted in this session may be placed again."""
-        cache = self.to_allocate
-        if cache is None:
-            cache = self.to_allocate = {}
-        cached = cache.get(simulation)
-        if cached is None or cached[0] != self.changes:
-            cached = cache[simulation] = (self.changes, self._tasks_to_allocate(simulation))
-        return list(cached[1])
-
-    def _tasks_to_allocate(self, simulation: bool) -> list[Task]:
 
         def allocatable(t: Task) -> bool:
             if t.status == PodStatus.PENDING:

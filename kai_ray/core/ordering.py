@@ -23,19 +23,17 @@ E = TypeVar("E", bound="Entry")
 def job_request(sess: Session, job: JobState, simulation: bool = False
                 ) -> Amounts:
     """The candidate request of a job: its tasks-to-allocate (pending gpu-memory via 100 MiB)."""
-    cache = job.requested
-    if cache is None:
-        cache = job.requested = {}
-    cached = cache.get(simulation)
-    if cached is not None and cached[0] == job.changes:
-        return cached[1]
+    return tasks_request(job.tasks_to_allocate(simulation))
+
+
+def tasks_request(tasks: Iterable[Task]) -> Amounts:
+    """What `tasks` ask for as pending tasks, summed in their order."""
     cpu = mem = gpu = 0.0
-    for task in job.tasks_to_allocate(simulation):
+    for task in tasks:
         amount = pending_amount(task.req)
         cpu += amount[0]
         mem += amount[1]
         gpu += amount[2]
-    cache[simulation] = (job.changes, (cpu, mem, gpu))
     return (cpu, mem, gpu)
 
 
@@ -176,25 +174,19 @@ class JobQueue(Generic[E]):
             return self.request_of[1]
         return job_request(self.sess, item.job, self.simulation)
 
-    def _best_in(self, queue: str, memo: dict[str, E | None]) -> E | None:
+    def _best_in(self, queue: str) -> E | None:
         """The item that would pop next from `queue`'s subtree."""
-        if queue in memo:
-            return memo[queue]
         q = self.sess.queues[queue]
-        result: E | None
-        if not q.children:
-            heap = self.heaps.get(queue)
-            result = heap[0][2] if heap else None
-        else:
-            result = self._pick(q.children, memo)
-        memo[queue] = result
-        return result
+        if q.children:
+            return self._pick(q.children)
+        heap = self.heaps.get(queue)
+        return heap[0][2] if heap else None
 
-    def _pick(self, names: Iterable[str], memo: dict[str, E | None]) -> E | None:
+    def _pick(self, names: Iterable[str]) -> E | None:
         best_name: str | None = None
         best: E | None = None
         for name in names:
-            cand = self._best_in(name, memo)
+            cand = self._best_in(name)
             if cand is None:
                 continue
             if best is None or best_name is None:
@@ -210,7 +202,7 @@ class JobQueue(Generic[E]):
     def pop(self) -> E | None:
         """The next item: down from the roots, at each level the child whose best item compares
         best. Items of queues missing from the tree are never popped (QueueDoesNotExist)."""
-        picked = self._pick(self.sess.queues.roots(), {})
+        picked = self._pick(self.sess.queues.roots())
         if picked is None:
             return None
         item = heappop(self.heaps[picked.queue])[2]
@@ -276,11 +268,5 @@ def scenario_queue(sess: Session, wanted: list[JobState],
             seq += 1
             heap[i] = (number, seq, job)
     order: JobQueue[JobState] = JobQueue(sess, (), simulation=True, heaps=heaps)
-    cpu = mem = gpu = 0.0
-    for task in prefix:
-        amount = pending_amount(task.req)
-        cpu += amount[0]
-        mem += amount[1]
-        gpu += amount[2]
-    order.request_of = (wanted[0], (cpu, mem, gpu))
+    order.request_of = (wanted[0], tasks_request(prefix))
     return order

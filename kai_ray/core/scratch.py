@@ -1,7 +1,7 @@
 """What modules of the core derive once per session and keep on it (node masks per selector and
-toleration, typical GPU shapes, the pending order, victim units), each under a typed key that its
-owner defines: the session holds them without knowing or importing their types, and a reader
-gets back the type its owner put in, checked by mypy."""
+toleration, typical GPU shapes), each under a typed key that its owner defines: the session
+holds them without knowing or importing their types, and a reader gets back the type its owner
+put in, checked by mypy."""
 
 from __future__ import annotations
 
@@ -25,8 +25,7 @@ class Key(Generic[T]):
 
 class Scratch:
     """The session's derived values by key. Not part of the session's state: the undo log does not
-    restore it, so what is kept here is either fixed for the session (masks, shapes) or says
-    which state it was derived from (the pending order's and the victim units' versions)."""
+    restore it, so what is kept here, once made, stands for the rest of the session."""
 
     __slots__ = ("_values",)
 

@@ -3,15 +3,16 @@ evict one, switch one between allocated and pipelined, and roll all of it back t
 so a gang that does not fit, or a victim scenario that does not work, leaves no trace.
 
 Every decision moves the task's resources on its node (`ClusterState`) and its queues' charge
-(`QueueAccounting`) together, and bumps its job's change count (what caches of a job's derived
-values compare against)."""
+(`QueueAccounting`) together."""
 
 from __future__ import annotations
+
+import dataclasses
 
 from kai_ray.core.accounting import QueueAccounting
 from kai_ray.core.cluster import ClusterState
 from kai_ray.core.jobs import Task
-from kai_ray.core.model import Pod, PodStatus
+from kai_ray.core.model import PodStatus
 
 # (what, task, what to restore): "alloc" (status, node, devices before), "move" (the copy),
 # "status" / "evict" / "unevict" (the status before)
@@ -45,16 +46,11 @@ class Statement:
         task.status = PodStatus.PIPELINED if pipelined else PodStatus.ALLOCATED
         self._charge(task, +1)
         self.undo.append(("alloc", task, prev))
-        task.job.changes += 1
 
     def _move(self, task: Task, node: int, groups: tuple[str, ...]) -> None:
         """A victim placed elsewhere: it keeps releasing where it is, and a pipelined copy
         (`task.moved`, pointing back through `origin`) holds the new place."""
-        pod = Pod(name=task.name, request=task.req, namespace=task.namespace,
-                  task_priority=task.task_priority, created=task.created, is_ray_head=task.is_head,
-                  subgroup=task.subgroup, node_selector=task.node_selector,
-                  tolerations=task.tolerations, node_affinity=task.node_affinity,
-                  replica=task.replica)
+        pod = dataclasses.replace(task.pod, status=PodStatus.PENDING, node=None, gpu_groups=())
         copy = Task(len(self.tasks), task.job, pod, -1)
         copy.origin = task
         copy.shape = task.shape
@@ -67,7 +63,6 @@ class Statement:
         copy.status = PodStatus.PIPELINED
         self._charge(copy, +1)
         self.undo.append(("move", task, copy))
-        task.job.changes += 1
 
     def set_status(self, task: Task, status: PodStatus) -> None:
         """Switch between Allocated and Pipelined (same resources, same queue charge; the
@@ -75,33 +70,37 @@ class Statement:
         self.undo.append(("status", task, task.status))
         self.cluster.set_charge(task, task.status, status)
         task.status = status
-        task.job.changes += 1
 
     def evict(self, task: Task) -> None:
         prev = task.status
-        self._charge(task, -1)
-        self.cluster.set_charge(task, prev, PodStatus.RELEASING)
-        task.status = PodStatus.RELEASING
-        self.cluster.mark_releasing(task, +1)
+        self._to_releasing(task)
         self.undo.append(("evict", task, prev))
-        task.job.changes += 1
 
     def unevict(self, task: Task) -> None:
         entry = next(e for e in reversed(self.undo) if e[0] == "evict" and e[1] is task)
         prev_status = entry[2]
         assert isinstance(prev_status, PodStatus)
-        self.cluster.mark_releasing(task, -1)
-        self.cluster.set_charge(task, PodStatus.RELEASING, prev_status)
-        task.status = prev_status
-        self._charge(task, +1)
+        self._from_releasing(task, prev_status)
         self.undo.append(("unevict", task, prev_status))
-        task.job.changes += 1
+
+    def _to_releasing(self, task: Task) -> None:
+        """Off its queues' charge, its node's resources counted as releasing."""
+        self._charge(task, -1)
+        self.cluster.set_charge(task, task.status, PodStatus.RELEASING)
+        task.status = PodStatus.RELEASING
+        self.cluster.mark_releasing(task, +1)
+
+    def _from_releasing(self, task: Task, status: PodStatus) -> None:
+        """`_to_releasing` undone: back to `status` and its queues' charge."""
+        self.cluster.mark_releasing(task, -1)
+        self.cluster.set_charge(task, PodStatus.RELEASING, status)
+        task.status = status
+        self._charge(task, +1)
 
     def rollback(self, checkpoint: int) -> None:
         cluster = self.cluster
         while len(self.undo) > checkpoint:
             op, task, prev = self.undo.pop()
-            task.job.changes += 1
             if op == "alloc":
                 assert isinstance(prev, tuple)
                 self._charge(task, -1)
@@ -109,10 +108,7 @@ class Statement:
                 task.status, task.node, task.groups = prev
             elif op == "evict":
                 assert isinstance(prev, PodStatus)
-                cluster.mark_releasing(task, -1)
-                cluster.set_charge(task, PodStatus.RELEASING, prev)
-                task.status = prev
-                self._charge(task, +1)
+                self._from_releasing(task, prev)
             elif op == "status":
                 assert isinstance(prev, PodStatus)
                 cluster.set_charge(task, task.status, prev)
@@ -129,7 +125,4 @@ class Statement:
                         ps.tasks.remove(copy)
                 self.tasks.pop()
             elif op == "unevict":
-                self._charge(task, -1)
-                cluster.set_charge(task, task.status, PodStatus.RELEASING)
-                task.status = PodStatus.RELEASING
-                cluster.mark_releasing(task, +1)
+                self._to_releasing(task)
