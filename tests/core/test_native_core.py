@@ -560,6 +560,12 @@ def test_random_clusters_take_the_same_decisions(data) -> None:  # type: ignore[
     snapshot = Snapshot(nodes, queues, tuple(first))
     result = both(snapshot, config, 0.0)
     snapshot = _disturb(runner.advance(snapshot, result), data.draw(st.integers(0, 7)))
+    if data.draw(st.integers(0, 2)) == 0:
+        # a leaf gains a child queue: the jobs that run in it are now in a parent queue
+        leaf = data.draw(st.sampled_from(leaves))
+        sub = Queue(f"{leaf}-sub", parent=leaf, gpu=ResourceQuota(2, -1, 1), cpu=OPEN,
+                    memory=OPEN, created=5.0)
+        snapshot = dataclasses.replace(snapshot, queues=(*snapshot.queues, sub))
     snapshot = dataclasses.replace(snapshot, jobs=snapshot.jobs + tuple(later))
     now = 1.0
     for _ in range(3):
