@@ -41,11 +41,9 @@ class QueueState:
 
 
 def add_amounts(amounts: list[float], add: Amounts) -> None:
-    """Add to per-resource amounts element by element. A zero is not added (most pods ask no
-    GPU): x + 0.0 is x, as the sums are never -0.0 (the Rust core adds in the same order)."""
+    """Add to per-resource amounts element by element (the Rust core adds in the same order)."""
     for r in range(3):
-        if add[r]:
-            amounts[r] = amounts[r] + add[r]
+        amounts[r] = amounts[r] + add[r]
 
 
 def leq(a: Sequence[float], b: Sequence[float]) -> bool:
@@ -116,7 +114,6 @@ class QueueAccounting(Mapping[str, QueueState]):
                 self._queues[qs.parent].children.append(qs.name)
         for qs in self._queues.values():
             qs.children.sort(key=lambda c: (self._queues[c].created, c))
-        self._paths: dict[str, tuple[QueueState, ...]] = {}
         self._roots = sorted(q.name for q in self._queues.values() if not q.parent)
 
     def __getitem__(self, name: str) -> QueueState:
@@ -137,16 +134,13 @@ class QueueAccounting(Mapping[str, QueueState]):
         return q is not None and not q.children
 
     def path(self, queue: str) -> tuple[QueueState, ...]:
-        """Leaf first, root last (the tree is fixed for the session: remembered)."""
-        path = self._paths.get(queue)
-        if path is None:
-            walk = []
-            q = self._queues.get(queue)
-            while q is not None:
-                walk.append(q)
-                q = self._queues.get(q.parent) if q.parent else None
-            path = self._paths[queue] = tuple(walk)
-        return path
+        """Leaf first, root last."""
+        walk = []
+        q = self._queues.get(queue)
+        while q is not None:
+            walk.append(q)
+            q = self._queues.get(q.parent) if q.parent else None
+        return tuple(walk)
 
     def charge(self, job: JobState, amounts: Amounts, sign: int) -> None:
         """Add (sign +1) or take back (-1) an allocated task's amounts along its job's path;

@@ -84,7 +84,6 @@ class ClusterState:
         self.total = [float(self.cap_cpu[self.schedulable].sum()),
                       float(self.cap_mem[self.schedulable].sum()),
                       float(self.cap_gpu[self.schedulable].sum())]
-        self._widest: int | None = None
 
     # ------------------------------------------------------------------ amounts
     def device_cost(self, req: Request, node: int) -> int:
@@ -113,9 +112,7 @@ class ClusterState:
 
     def widest_gpu_node(self) -> int:
         """The node whose GPUs have the most memory (the first of them), 0 when none."""
-        if self._widest is None:
-            self._widest = int(np.argmax(self.gpu_mem)) if len(self.nodes) else 0
-        return self._widest
+        return int(np.argmax(self.gpu_mem)) if len(self.nodes) else 0
 
     def free_cpu(self) -> IntArray:
         return self.cap_cpu - self.used_cpu + self.rel_cpu

@@ -23,18 +23,12 @@ def run(sess: Session) -> None:
         return
     failed = FailedJobs()
     queue = JobQueue(sess, [j for j in schedulable_jobs(sess) if j.preemptible])
-    # free GPUs in the cluster, counted again only when a success changed the state (a job
-    # that fails leaves it as it was)
-    free_at: tuple[int, float] | None = None
     while (job := queue.pop()) is not None:
         if failed.should_skip(job, "cluster"):
             continue
         if not job.tasks_to_allocate():
             continue
-        need = job_request(sess, job)[2]
-        if free_at is None or free_at[0] != len(sess.statement.undo):
-            free_at = (len(sess.statement.undo), _free_gpus(sess))
-        if need > free_at[1] + 1e-9:
+        if job_request(sess, job)[2] > _free_gpus(sess) + 1e-9:
             # a failed attempt like any other: a look-alike is skipped (consolidation.go)
             failed.record(job, "cluster")
             continue
