@@ -32,10 +32,6 @@ class VictimUnit:
                     into.append(t)
         self.by_set = by_set
         self.key = (-job.priority, self._rank(), job.created, job.name)
-        self.number = -1  # `order_number`, once asked (a unit never changes)
-        # `victim_amount`, once asked (its tasks' states are those of the job state it was made
-        # for: any change to the job makes new units)
-        self.amount: Amounts | None = None
 
     @property
     def queue(self) -> str:
@@ -52,16 +48,14 @@ class VictimUnit:
         return 1 if at_min else 2
 
     def order_number(self, sess: Session) -> int:
-        if self.number < 0:
-            self.number = sess.order_number(self.key)
-        return self.number
+        return sess.order_number(self.key)
 
     def victim_amount(self) -> Amounts:
         """What the victim order counts as gone from the queue with this unit: all its tasks a
         queue's allocation counts, not just those the next take evicts (KAI subtracts the
-        popped or peeked job clone's `Allocated`: a pipelined pod counts nothing)."""
-        if self.amount is not None:
-            return self.amount
+        popped or peeked job clone's `Allocated`: a pipelined pod counts nothing). The same
+        whenever asked during one victim order: every scenario is rolled back before the next
+        pop, so its tasks' states do not change meanwhile (the Rust core counts it later)."""
         cpu = mem = 0
         gpu = 0.0
         # added one by one, as the Rust core does (Python 3.12's float `sum` compensates)
@@ -70,8 +64,7 @@ class VictimUnit:
                 cpu += t.req.cpu_m
                 mem += t.req.memory
                 gpu += t.accepted_gpu
-        self.amount = (float(cpu), float(mem), gpu)
-        return self.amount
+        return (float(cpu), float(mem), gpu)
 
     def take_unrecorded(self, recorded: set[int]) -> tuple[list[Task], VictimUnit | None]:
         """`take` when the tasks whose ids are in `recorded` are already victims: if the next
