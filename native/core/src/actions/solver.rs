@@ -637,16 +637,18 @@ impl<'a> Solver<'a> {
                 recorded.iter().copied().collect(),
             )
         };
-        // potential victims in the order they were taken, and per node the jobs with one there
-        // (those of the quiet batch, which come first, sorted by node only once an entry may be
-        // simulated): a scenario on a node takes every potential victim of those jobs, wherever
-        // it sits (KAI's ByNodeScenario.VictimsTasksFromNodes)
+        // potential victims in the order they were taken (those of the quiet batch, which come
+        // first, joined once an entry may be simulated): a scenario on a node takes every
+        // potential victim of the jobs with one there, wherever it sits (KAI's
+        // ByNodeScenario.VictimsTasksFromNodes)
         let mut quiet_batch = Takes::default();
         // the potential victims, take after take (`taken_ends` closes each)
         let mut potential: Vec<usize> = Vec::new();
         let mut taken_ends: Vec<usize> = Vec::new();
-        // (a node holds the pods of a few jobs: a short list is cheaper to fill than a set)
-        let mut jobs_on: Option<FxHashMap<i32, Vec<usize>>> = None;
+        // node and job of each potential victim: a prefix simulates a few nodes, so scanning
+        // these for one is cheaper than indexing the whole quiet batch by node
+        let mut potential_at: Vec<(i32, usize)> = Vec::new();
+        let mut joined = false;
         loop {
             let item = match &mut source {
                 Source::Stream(read) => {
@@ -660,25 +662,28 @@ impl<'a> Solver<'a> {
             };
             let Some((takes, quiet)) = item else { break };
             if quiet {
-                for g in takes.groups() {
-                    quiet_batch.push(g);
+                if quiet_batch.is_empty() {
+                    quiet_batch = takes;
+                } else {
+                    for g in takes.groups() {
+                        quiet_batch.push(g);
+                    }
                 }
                 continue;
             }
-            let jobs_on = jobs_on.get_or_insert_with(|| {
-                let mut by_node: FxHashMap<i32, Vec<usize>> = FxHashMap::default();
-                for &t in &quiet_batch.tasks {
-                    add_job(by_node.entry(sess.tasks[t].node).or_default(), sess.tasks[t].job);
-                }
-                potential.extend_from_slice(&quiet_batch.tasks);
-                taken_ends.extend_from_slice(&quiet_batch.ends);
-                by_node
-            });
+            let at = |t: usize| (sess.tasks[t].node, sess.tasks[t].job);
+            if !joined {
+                joined = true;
+                let batch = std::mem::take(&mut quiet_batch);
+                potential_at.extend(batch.tasks.iter().map(|&t| at(t)));
+                potential = batch.tasks;
+                taken_ends = batch.ends;
+            }
             {
                 let free = cache.free.as_mut().expect("free");
                 for g in takes.groups() {
                     for &t in g {
-                        add_job(jobs_on.entry(sess.tasks[t].node).or_default(), sess.tasks[t].job);
+                        potential_at.push(at(t));
                         room.add_victim(sess, free, t);
                     }
                     potential.extend_from_slice(g);
@@ -701,12 +706,16 @@ impl<'a> Solver<'a> {
                 .collect();
             nodes.sort_unstable();
             nodes.dedup();
-            let none = Vec::new();
             for node in nodes {
-                let on_node = jobs_on.get(&node).unwrap_or(&none);
+                let on_node = jobs_on(&potential_at, node);
                 let mut scenario = recorded.to_vec();
-                scenario
-                    .extend(potential.iter().filter(|&&t| on_node.contains(&sess.tasks[t].job)));
+                scenario.extend(
+                    potential
+                        .iter()
+                        .zip(&potential_at)
+                        .filter(|(_, a)| on_node.contains(&a.1))
+                        .map(|(&t, _)| t),
+                );
                 if scenario.len() == recorded.len() {
                     if recorded_only {
                         continue; // already tried: it fails the same way
@@ -874,6 +883,18 @@ pub fn gpu_sums_at(sess: &Session, n: usize) -> (i64, i64) {
 fn first_of_each(jobs: Vec<usize>) -> Vec<usize> {
     let mut seen: FxHashSet<usize> = FxHashSet::default();
     jobs.into_iter().filter(|&job| seen.insert(job)).collect()
+}
+
+/// The jobs with a potential victim on `node` (a node holds the pods of a few jobs: a short
+/// list is cheaper than a set).
+fn jobs_on(potential_at: &[(i32, usize)], node: i32) -> Vec<usize> {
+    let mut jobs = Vec::new();
+    for &(n, job) in potential_at {
+        if n == node {
+            add_job(&mut jobs, job);
+        }
+    }
+    jobs
 }
 
 fn add_job(jobs: &mut Vec<usize>, job: usize) {
