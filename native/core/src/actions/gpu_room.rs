@@ -580,7 +580,8 @@ impl GpuRoom {
 
 /// Free GPUs with every candidate victim of a scope gone, kept as counts of values: nodes by
 /// free whole GPUs, shared devices by room. After a success only the nodes it touched are
-/// counted again (`refresh`).
+/// counted again (`mark`, then `refresh` when the scope is next asked: most scopes are not
+/// asked between two successes).
 #[derive(Clone, Debug)]
 pub struct AllFreed {
     whole: FxHashMap<i64, i64>,
@@ -588,6 +589,8 @@ pub struct AllFreed {
     total_whole: i64,
     total_room: i64,
     parts: FxHashMap<i32, (i64, Vec<i64>)>,
+    /// nodes changed since last counted (repeats allowed)
+    stale: Vec<i32>,
 }
 
 impl AllFreed {
@@ -598,6 +601,7 @@ impl AllFreed {
             total_whole: 0,
             total_room: 0,
             parts: FxHashMap::default(),
+            stale: Vec::new(),
         };
         let mut by_node: FxHashMap<i32, Vec<i64>> = FxHashMap::default();
         for (&(node, _), &room) in view.devices(sess) {
@@ -636,9 +640,22 @@ impl AllFreed {
         }
     }
 
-    /// Count `nodes` again (the session or the scope's victims changed there).
-    pub fn refresh(&mut self, sess: &Session, freed: &Freed, nodes: &[i32]) {
-        for &node in nodes {
+    /// The session or the scope's victims changed on `nodes`: count them again at `refresh`.
+    pub fn mark(&mut self, nodes: &[i32]) {
+        self.stale.extend_from_slice(nodes);
+    }
+
+    /// Count the nodes marked since the last time again, as the session and `freed` (the
+    /// scope's victims) are now: a node not marked again since its last change is as it was
+    /// then, so counting it late gives what counting it at each change would.
+    pub fn refresh(&mut self, sess: &Session, freed: &Freed) {
+        if self.stale.is_empty() {
+            return;
+        }
+        let mut nodes = std::mem::take(&mut self.stale);
+        nodes.sort_unstable();
+        nodes.dedup();
+        for node in nodes {
             if let Some(old) = self.parts.remove(&node) {
                 self.count(node, old, -1);
             }

@@ -313,7 +313,9 @@ impl VictimCache {
         if let Some(&known) = self.enough_all.get(&cache_key) {
             return known;
         }
-        let known = self.all_freed[&key].enough(&cache_key.1, &cache_key.2);
+        let all_freed = self.all_freed.get_mut(&key).expect("all freed");
+        all_freed.refresh(sess, &self.scopes[&key].freed);
+        let known = all_freed.enough(&cache_key.1, &cache_key.2);
         self.enough_all.insert(cache_key, known);
         known
     }
@@ -366,8 +368,8 @@ impl VictimCache {
                         }
                         scope.pending.extend(jobs.iter().copied());
                     }
-                    for (key, all_freed) in self.all_freed.iter_mut() {
-                        all_freed.refresh(sess, &self.scopes[key].freed, &nodes);
+                    for all_freed in self.all_freed.values_mut() {
+                        all_freed.mark(&nodes);
                     }
                 }
                 _ => {
@@ -455,7 +457,7 @@ impl VictimCache {
         nodes.sort_unstable();
         nodes.dedup();
         if let Some(all_freed) = self.all_freed.get_mut(&key) {
-            all_freed.refresh(sess, &self.scopes[&key].freed, &nodes);
+            all_freed.mark(&nodes);
         }
         self.streams.remove(&key);
         self.touched.remove(&key);
