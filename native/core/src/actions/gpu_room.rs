@@ -269,6 +269,46 @@ pub struct GpuRoom {
     /// when next needed)
     top_whole: Vec<(i32, i64)>,
     top_rooms: Option<Vec<(DevKey, i64)>>,
+    /// `whole` and `freed` are a victim stream's running count, lent rather than copied
+    /// (`VictimStream::count_in`): what the room changed in them since, to give them back
+    pub lent: Option<Lent>,
+}
+
+/// A victim stream's running count lent to a room: the stream's cursor and generation then,
+/// and each value the room changed since as it was before (None: absent), in turn.
+#[derive(Clone, Debug)]
+pub struct Lent {
+    pub cursor: usize,
+    pub generation: u64,
+    whole: Vec<(i32, Option<i64>)>,
+    freed: Vec<(DevKey, Option<i64>)>,
+}
+
+impl Lent {
+    pub fn new(cursor: usize, generation: u64) -> Lent {
+        Lent { cursor, generation, whole: Vec::new(), freed: Vec::new() }
+    }
+
+    /// `whole` and `freed` as they were when lent.
+    pub fn undo(self, whole: &mut FxHashMap<i32, i64>, freed: &mut FxHashMap<DevKey, i64>) {
+        for (node, old) in self.whole.into_iter().rev() {
+            restore(whole, node, old);
+        }
+        for (key, old) in self.freed.into_iter().rev() {
+            restore(freed, key, old);
+        }
+    }
+}
+
+fn restore<K: std::hash::Hash + Eq>(map: &mut FxHashMap<K, i64>, key: K, old: Option<i64>) {
+    match old {
+        Some(v) => {
+            map.insert(key, v);
+        }
+        None => {
+            map.remove(&key);
+        }
+    }
 }
 
 /// The prefix's whole-GPU requests and its fractions in milli of a device, largest first (a
@@ -325,6 +365,7 @@ impl GpuRoom {
             max_room,
             top_whole,
             top_rooms,
+            lent: None,
         }
     }
 
@@ -356,6 +397,7 @@ impl GpuRoom {
         };
         let rooms_before: Vec<i64> = keys.iter().map(|&k| self.room(sess, base, k)).collect();
         let fractions = !self.fractions_needed.is_empty();
+        self.note_change(sess, t);
         free_into(
             sess,
             &base.whole,
@@ -403,6 +445,7 @@ impl GpuRoom {
             if !before.iter().any(|(n, _)| *n == node) {
                 before.push((node, self.whole_at(base, node)));
             }
+            self.note_change(sess, t);
             free_into(
                 sess,
                 &base.whole,
@@ -424,17 +467,30 @@ impl GpuRoom {
         }
     }
 
+    /// What `free_into` is about to change for victim `t`, noted while the maps are lent.
+    fn note_change(&mut self, sess: &Session, t: usize) {
+        let Some(lent) = &mut self.lent else { return };
+        let task = &sess.tasks[t];
+        lent.whole.push((task.node, self.whole.get(&task.node).copied()));
+        for &gid in &task.groups {
+            let key = (task.node, gid);
+            lent.freed.push((key, self.freed.get(&key).copied()));
+        }
+    }
+
     /// Make the victims counted in `whole` and `freed` (overlays over the base, as `free_into`
     /// leaves them) the victims so far, in place of those added before.
     pub fn adopt(
         &mut self,
         sess: &Session,
         base: &mut FreeGpus,
-        whole: &FxHashMap<i32, i64>,
-        freed: &FxHashMap<DevKey, i64>,
+        whole: FxHashMap<i32, i64>,
+        freed: FxHashMap<DevKey, i64>,
     ) {
-        self.whole = whole.clone();
-        self.freed = freed.clone();
+        self.lent = None;
+        self.whole = whole;
+        self.freed = freed;
+        let (whole, freed) = (&self.whole, &self.freed);
         let (base_total, base_max) = base.whole_totals();
         self.total_whole = base_total
             + whole.iter().map(|(n, v)| v - base.whole.get(n).copied().unwrap_or(0)).sum::<i64>();

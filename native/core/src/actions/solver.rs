@@ -601,7 +601,7 @@ impl<'a> Solver<'a> {
         if !recorded.is_empty() && !room.trivial {
             let free = cache.free.as_mut().expect("free");
             self.recorded.of(sess, free, recorded);
-            room.adopt(sess, free, &self.recorded.whole, &self.recorded.freed);
+            room.adopt(sess, free, self.recorded.whole.clone(), self.recorded.freed.clone());
         }
         // the scenario of the recorded victims alone (the same on every node), once tried
         let mut recorded_only =
@@ -651,7 +651,7 @@ impl<'a> Solver<'a> {
         // these for one is cheaper than indexing the whole quiet batch by node
         let mut potential_at: Vec<(i32, usize)> = Vec::new();
         let mut joined = false;
-        loop {
+        let found = 'search: loop {
             let item = match &mut source {
                 Source::Stream(read) => {
                     let key = self.scope.expect("scope");
@@ -662,7 +662,7 @@ impl<'a> Solver<'a> {
                 }
                 Source::Popped(queue, recorded_set) => popped_next(sess, queue, recorded_set),
             };
-            let Some((takes, quiet)) = item else { break };
+            let Some((takes, quiet)) = item else { break None };
             if quiet {
                 if quiet_batch.is_empty() {
                     quiet_batch = takes;
@@ -736,11 +736,15 @@ impl<'a> Solver<'a> {
                         .map(|(a, b)| &potential[a..b])
                         .filter(|g| on_node.contains(&sess.tasks[g[0]].job));
                     let hit = groups_hit(&result, groups.iter().map(|g| &g[..]).chain(added));
-                    return Some((hit, result));
+                    break 'search Some((hit, result));
                 }
             }
+        };
+        if use_stream {
+            let key = self.scope.expect("scope");
+            cache.streams.get_mut(&key).expect("stream").take_back(&mut room);
         }
-        None
+        found
     }
 
     /// A scenario's nodes in node order (KAI's byPodSolver feasibleNodes): the job's feasible

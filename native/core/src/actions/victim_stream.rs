@@ -11,7 +11,7 @@ use std::collections::BinaryHeap;
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
-use crate::actions::gpu_room::{free_into, freed_whole, DevKey, FreeGpus, GpuRoom};
+use crate::actions::gpu_room::{free_into, freed_whole, DevKey, FreeGpus, GpuRoom, Lent};
 use crate::actions::victims::{new_unit, take, take_unrecorded};
 use crate::model::MILLI;
 use crate::ordering::JobQueue;
@@ -125,6 +125,9 @@ pub struct VictimStream {
     cursor: usize,
     cursor_whole: FxHashMap<i32, i64>,
     cursor_freed: FxHashMap<DevKey, i64>,
+    /// bumped whenever the count up to `cursor` is started afresh or lent out: a lent count
+    /// comes back only to the stream it left (`take_back`)
+    generation: u64,
 }
 
 impl VictimStream {
@@ -151,6 +154,7 @@ impl VictimStream {
             cursor: 0,
             cursor_whole: FxHashMap::default(),
             cursor_freed: FxHashMap::default(),
+            generation: 0,
         };
         stream.start();
         stream
@@ -174,6 +178,7 @@ impl VictimStream {
         self.cursor = 0;
         self.cursor_whole.clear();
         self.cursor_freed.clear();
+        self.generation += 1;
     }
 
     /// Pop one more entry.
@@ -432,12 +437,38 @@ impl VictimStream {
             }
             self.cursor += 1;
         }
-        room.adopt(sess, free, &self.cursor_whole, &self.cursor_freed);
+        if room.lent.is_some() {
+            room.adopt(sess, free, self.cursor_whole.clone(), self.cursor_freed.clone());
+        } else {
+            // lent rather than copied (a copy per prefix cost more than the rest of the
+            // reading): the stream counts from the start until it is given back
+            let (whole, freed) =
+                (std::mem::take(&mut self.cursor_whole), std::mem::take(&mut self.cursor_freed));
+            room.adopt(sess, free, whole, freed);
+            self.generation += 1;
+            room.lent = Some(Lent::new(self.cursor, self.generation));
+            self.cursor = 0;
+        }
         for &t in recorded {
             if self.positions[&sess.tasks[t].job][0] >= until {
                 room.add_victim(sess, free, t);
             }
         }
+    }
+
+    /// The running count `count_in` lent to `room`, back as it was then (the room is done
+    /// with it).
+    pub fn take_back(&mut self, room: &mut GpuRoom) {
+        let Some(lent) = room.lent.take() else { return };
+        if lent.generation != self.generation {
+            return; // counted afresh since
+        }
+        let (mut whole, mut freed) =
+            (std::mem::take(&mut room.whole), std::mem::take(&mut room.freed));
+        self.cursor = lent.cursor;
+        lent.undo(&mut whole, &mut freed);
+        self.cursor_whole = whole;
+        self.cursor_freed = freed;
     }
 
     /// Entries before this one cannot give `room`'s prefix enough GPUs, even with the victims
