@@ -96,8 +96,28 @@ impl FreeGpus {
 
     /// The `count` roomiest shared devices (room, key), roomiest first.
     pub fn top_rooms(&mut self, sess: &Session, count: usize) -> Vec<(i64, DevKey)> {
+        self.ranked_rooms(sess, count).to_vec()
+    }
+
+    /// The first `count` of `top_rooms` not in `except`, without copying those before.
+    pub fn top_rooms_except(
+        &mut self,
+        sess: &Session,
+        count: usize,
+        except: &FxHashMap<DevKey, i64>,
+    ) -> Vec<(i64, DevKey)> {
+        let mut asked = count;
+        loop {
+            if let Some(out) = first_except(self.ranked_rooms(sess, asked), asked, count, except) {
+                return out;
+            }
+            asked = (2 * asked).min(count + except.len());
+        }
+    }
+
+    fn ranked_rooms(&mut self, sess: &Session, count: usize) -> &[(i64, DevKey)] {
         if count == 0 {
-            return Vec::new();
+            return &[];
         }
         let stale = match &self.top {
             None => true,
@@ -110,13 +130,32 @@ impl FreeGpus {
             self.top_count = limit;
         }
         let top = self.top.as_ref().expect("top");
-        top[..count.min(top.len())].to_vec()
+        &top[..count.min(top.len())]
     }
 
     /// The `count` nodes with the most free whole GPUs (gpus, node), most first.
     pub fn top_whole(&mut self, count: usize) -> Vec<(i64, i32)> {
+        self.ranked_whole(count).to_vec()
+    }
+
+    /// The first `count` of `top_whole` not in `except`, without copying those before.
+    pub fn top_whole_except(
+        &mut self,
+        count: usize,
+        except: &FxHashMap<i32, i64>,
+    ) -> Vec<(i64, i32)> {
+        let mut asked = count;
+        loop {
+            if let Some(out) = first_except(self.ranked_whole(asked), asked, count, except) {
+                return out;
+            }
+            asked = (2 * asked).min(count + except.len());
+        }
+    }
+
+    fn ranked_whole(&mut self, count: usize) -> &[(i64, i32)] {
         if count == 0 {
-            return Vec::new();
+            return &[];
         }
         let stale = match &self.top_whole {
             None => true,
@@ -128,7 +167,7 @@ impl FreeGpus {
             self.top_whole = Some(largest(limit, &self.whole));
         }
         let top = self.top_whole.as_ref().expect("top whole");
-        top[..count.min(top.len())].to_vec()
+        &top[..count.min(top.len())]
     }
 
     /// Free whole GPUs: in total and on the roomiest node.
@@ -497,14 +536,8 @@ impl GpuRoom {
         self.max_whole = base_max.max(whole.values().copied().max().unwrap_or(0));
         let k = self.whole_needed.len();
         let mut merged: Vec<(i32, i64)> = whole.iter().map(|(&n, &v)| (n, v)).collect();
-        for (v, n) in base.top_whole(k + whole.len()) {
-            if !whole.contains_key(&n) {
-                merged.push((n, v));
-            }
-        }
-        merged.sort_by_key(|m| std::cmp::Reverse(m.1));
-        merged.truncate(k);
-        self.top_whole = merged;
+        merged.extend(base.top_whole_except(k, whole).into_iter().map(|(v, n)| (n, v)));
+        self.top_whole = first_by_value(merged, k);
         if self.fractions_needed.is_empty() {
             return;
         }
@@ -580,12 +613,11 @@ impl GpuRoom {
         whole: &FxHashMap<i32, i64>,
         devices: &FxHashMap<DevKey, i64>,
     ) -> bool {
+        // (only the k largest places can take one of k requests: the greedy match takes the
+        // roomiest each time)
         let mut tops: Vec<i64> = whole.values().copied().filter(|&v| v > 0).collect();
-        for (gpus, node) in base.top_whole(self.whole_needed.len() + whole.len()) {
-            if !whole.contains_key(&node) {
-                tops.push(gpus);
-            }
-        }
+        let k = self.whole_needed.len();
+        tops.extend(base.top_whole_except(k, whole).into_iter().map(|(gpus, _)| gpus));
         let (base_total, _) = base.whole_totals();
         let total = base_total
             + whole.iter().map(|(n, v)| v - base.whole.get(n).copied().unwrap_or(0)).sum::<i64>();
@@ -607,14 +639,8 @@ impl GpuRoom {
         let k = self.fractions_needed.len();
         let mut merged: Vec<(DevKey, i64)> =
             devices.iter().filter(|(_, &v)| v > 0).map(|(&k, &v)| (k, v)).collect();
-        for (room, key) in base.top_rooms(sess, k + devices.len()) {
-            if !devices.contains_key(&key) {
-                merged.push((key, room));
-            }
-        }
-        merged.sort_by_key(|m| std::cmp::Reverse(m.1));
-        merged.truncate(k);
-        merged
+        merged.extend(base.top_rooms_except(sess, k, devices).into_iter().map(|(v, key)| (key, v)));
+        first_by_value(merged, k)
     }
 
     /// Largest request into the roomiest place: whole requests into nodes' free whole GPUs,
@@ -832,6 +858,37 @@ fn top_values(counts: &FxHashMap<i64, i64>, k: usize) -> Vec<i64> {
         out.extend(std::iter::repeat_n(value, take));
     }
     out
+}
+
+/// The first `count` entries of a ranking's first `asked` (`top`) whose key is not in
+/// `except`; None when more must be asked for: filtering the first `count + except.len()` and
+/// cutting to `count` gives the same.
+fn first_except<K: Copy + std::hash::Hash + Eq>(
+    top: &[(i64, K)],
+    asked: usize,
+    count: usize,
+    except: &FxHashMap<K, i64>,
+) -> Option<Vec<(i64, K)>> {
+    let out: Vec<(i64, K)> =
+        top.iter().filter(|(_, key)| !except.contains_key(key)).take(count).copied().collect();
+    let done = out.len() == count || top.len() < asked || asked >= count + except.len();
+    done.then_some(out)
+}
+
+/// The first `k` of `items` stably sorted by value, largest first (selected, not all sorted).
+fn first_by_value<K: Copy>(items: Vec<(K, i64)>, k: usize) -> Vec<(K, i64)> {
+    let mut ranked: Vec<(usize, K, i64)> =
+        items.into_iter().enumerate().map(|(i, (key, v))| (i, key, v)).collect();
+    let order = |a: &(usize, K, i64), b: &(usize, K, i64)| b.2.cmp(&a.2).then(a.0.cmp(&b.0));
+    if k == 0 {
+        return Vec::new();
+    }
+    if ranked.len() > k {
+        ranked.select_nth_unstable_by(k - 1, order);
+        ranked.truncate(k);
+    }
+    ranked.sort_unstable_by(order);
+    ranked.into_iter().map(|(_, key, v)| (key, v)).collect()
 }
 
 /// Whether `needs` (largest first) each fit into the roomiest of `places` left.
