@@ -90,8 +90,33 @@ impl Tally {
     }
 }
 
-/// What one stream entry frees: whole GPUs per node, and milli per shared device.
-type Frees = (Vec<(i32, i64)>, Vec<(DevKey, i64)>);
+/// One entry's part of `Frees`: whole GPUs per node, milli per shared device.
+type EntryFrees<'a> = (&'a [(i32, i64)], &'a [(DevKey, i64)]);
+
+/// What each counted stream entry frees, one after another: whole GPUs per node and milli per
+/// shared device, entry `i`'s from `ends[i - 1]` (0 for the first) to `ends[i]` (one buffer
+/// each rather than two vectors per entry: entries are counted again at every state).
+#[derive(Default)]
+struct Frees {
+    gains: Vec<(i32, i64)>,
+    events: Vec<(DevKey, i64)>,
+    ends: Vec<(usize, usize)>,
+}
+
+impl Frees {
+    fn clear(&mut self) {
+        self.gains.clear();
+        self.events.clear();
+        self.ends.clear();
+    }
+
+    /// Entry `i`'s gains and events.
+    fn of(&self, i: usize) -> EntryFrees<'_> {
+        let (g0, e0) = if i == 0 { (0, 0) } else { self.ends[i - 1] };
+        let (g1, e1) = self.ends[i];
+        (&self.gains[g0..g1], &self.events[e0..e1])
+    }
+}
 
 /// Which running sum `first_reaching` looks at.
 #[derive(Clone, Copy)]
@@ -116,8 +141,7 @@ pub struct VictimStream {
     done: bool,
     /// every entry so far took its unit whole (then `renew` can carry the stream over)
     single_takes: bool,
-    gains: Vec<Vec<(i32, i64)>>,
-    events: Vec<Vec<(DevKey, i64)>>,
+    frees: Frees,
     whole: Vec<i64>,
     milli: Vec<i64>,
     tallies: Vec<((bool, i64), Tally)>,
@@ -145,8 +169,7 @@ impl VictimStream {
             reach: 0,
             done: false,
             single_takes: true,
-            gains: Vec::new(),
-            events: Vec::new(),
+            frees: Frees::default(),
             whole: Vec::new(),
             milli: Vec::new(),
             tallies: Vec::new(),
@@ -169,8 +192,7 @@ impl VictimStream {
         self.reach = 0;
         self.done = false;
         self.single_takes = true;
-        self.gains.clear();
-        self.events.clear();
+        self.frees.clear();
         self.whole.clear();
         self.milli.clear();
         self.tallies.clear();
@@ -287,7 +309,8 @@ impl VictimStream {
         if i == self.keys.len() && !self.more(sess) {
             return false;
         }
-        let (gains, events) = self.frees(sess, i);
+        self.count_frees(sess, i);
+        let (gains, events) = self.frees.of(i);
         let gained: i64 = gains.iter().map(|(_, g)| g).sum();
         self.whole.push(self.whole.last().copied().unwrap_or(0) + gained);
         let mut milli = 0;
@@ -300,10 +323,8 @@ impl VictimStream {
         milli += events.iter().map(|(_, c)| c).sum::<i64>();
         self.milli.push(self.milli.last().copied().unwrap_or(0) + milli);
         for (_, tally) in self.tallies.iter_mut() {
-            tally.step(sess, &free.whole, &gains, &events);
+            tally.step(sess, &free.whole, gains, events);
         }
-        self.gains.push(gains);
-        self.events.push(events);
         true
     }
 
@@ -312,7 +333,8 @@ impl VictimStream {
             return at;
         }
         let mut tally = Tally::new(sess, free, holds, size);
-        for (gains, events) in self.gains.iter().zip(&self.events) {
+        for i in 0..self.frees.ends.len() {
+            let (gains, events) = self.frees.of(i);
             tally.step(sess, &free.whole, gains, events);
         }
         self.tallies.push(((holds, size), tally));
@@ -320,11 +342,11 @@ impl VictimStream {
     }
 
     /// Whole GPUs entry `i`'s tasks free per node after the ones counted before (which they
-    /// join), and the milli they free on each shared device.
-    fn frees(&mut self, sess: &Session, i: usize) -> Frees {
-        let mut gains: Vec<(i32, i64)> = Vec::new();
-        let mut events = Vec::new();
-        let gain = |gains: &mut Vec<(i32, i64)>, node: i32, amount: i64| match gains
+    /// join), and the milli they free on each shared device: appended to `frees`.
+    fn count_frees(&mut self, sess: &Session, i: usize) {
+        let Frees { gains, events, ends } = &mut self.frees;
+        let start = gains.len();
+        let gain = |gains: &mut Vec<(i32, i64)>, node: i32, amount: i64| match gains[start..]
             .iter_mut()
             .find(|(n, _)| *n == node)
         {
@@ -337,7 +359,7 @@ impl VictimStream {
                 continue;
             }
             if task.req.gpus != 0 {
-                gain(&mut gains, task.node, task.req.gpus);
+                gain(gains, task.node, task.req.gpus);
                 continue;
             }
             for &gid in &task.groups {
@@ -347,12 +369,12 @@ impl VictimStream {
                 self.device_freed.insert(key, freed);
                 if let Some(group) = sess.cluster.group(task.node, gid) {
                     if freed_whole(group, freed) && !freed_whole(group, freed - task.gpu_mem_cost) {
-                        gain(&mut gains, task.node, 1);
+                        gain(gains, task.node, 1);
                     }
                 }
             }
         }
-        (gains, events)
+        ends.push((gains.len(), events.len()));
     }
 
     fn sums(&self, which: Sums) -> &Vec<i64> {
