@@ -135,7 +135,7 @@ pub struct VictimStream {
     jobs: Vec<usize>,
     taken: Vec<Vec<usize>>,
     /// each job's entries
-    positions: FxHashMap<usize, Vec<usize>>,
+    positions: Positions,
     /// entries read by a prefix so far
     reach: usize,
     done: bool,
@@ -165,7 +165,7 @@ impl VictimStream {
             keys: Vec::new(),
             jobs: Vec::new(),
             taken: Vec::new(),
-            positions: FxHashMap::default(),
+            positions: Positions::default(),
             reach: 0,
             done: false,
             single_takes: true,
@@ -212,7 +212,7 @@ impl VictimStream {
             self.done = true;
             return false;
         };
-        self.positions.entry(job).or_default().push(self.keys.len());
+        self.positions.push(job, self.keys.len());
         self.keys.push(key);
         self.jobs.push(job);
         self.taken.push(taken);
@@ -295,7 +295,7 @@ impl VictimStream {
         self.start();
         self.single_takes = single;
         for (key, job, taken) in entries {
-            self.positions.entry(job).or_default().push(self.keys.len());
+            self.positions.push(job, self.keys.len());
             self.keys.push(key);
             self.jobs.push(job);
             self.taken.push(taken);
@@ -439,7 +439,7 @@ impl VictimStream {
         }
         if self.cursor > until
             || !recorded_whole(sess, units, recorded)
-            || jobs.iter().any(|j| self.positions.get(j).map_or(0, |p| p.len()) != 1)
+            || jobs.iter().any(|&j| self.positions.count(j) != 1)
         {
             room.add_victims(sess, free, batch);
             return;
@@ -472,7 +472,7 @@ impl VictimStream {
             self.cursor = 0;
         }
         for &t in recorded {
-            if self.positions[&sess.tasks[t].job][0] >= until {
+            if self.positions.first(sess.tasks[t].job).expect("an entry") >= until {
                 room.add_victim(sess, free, t);
             }
         }
@@ -587,6 +587,41 @@ impl VictimStream {
             }
         }
         until
+    }
+}
+
+/// The entries of each job in a stream, in order: one for most (a unit taken whole), so the
+/// first is kept apart from the rest (no vector per job).
+#[derive(Default)]
+struct Positions {
+    first: FxHashMap<usize, usize>,
+    more: FxHashMap<usize, Vec<usize>>,
+}
+
+impl Positions {
+    fn clear(&mut self) {
+        self.first.clear();
+        self.more.clear();
+    }
+
+    fn push(&mut self, job: usize, at: usize) {
+        if let std::collections::hash_map::Entry::Vacant(slot) = self.first.entry(job) {
+            slot.insert(at);
+        } else {
+            self.more.entry(job).or_default().push(at);
+        }
+    }
+
+    fn first(&self, job: usize) -> Option<usize> {
+        self.first.get(&job).copied()
+    }
+
+    fn count(&self, job: usize) -> usize {
+        self.first.get(&job).map_or(0, |_| 1 + self.more.get(&job).map_or(0, Vec::len))
+    }
+
+    fn of(&self, job: usize) -> impl Iterator<Item = usize> + '_ {
+        self.first(job).into_iter().chain(self.more.get(&job).into_iter().flatten().copied())
     }
 }
 
@@ -717,7 +752,7 @@ impl StreamRead {
             stream.reach = stream.reach.max(i);
             let mut skip: Vec<usize> = side_order
                 .iter()
-                .flat_map(|j| stream.positions.get(j).into_iter().flatten().copied())
+                .flat_map(|&j| stream.positions.of(j))
                 .filter(|&p| p < i)
                 .collect();
             skip.sort_unstable();
