@@ -36,20 +36,31 @@ pub struct FreeGpus {
     whole_totals: Option<(i64, i64)>,
     /// for a view with victims gone (`with_freed`): what they free on shared devices
     freed_devices: Option<FxHashMap<DevKey, i64>>,
+    /// how far `ClusterState::gpu_log` was read (`renewed`)
+    read: usize,
 }
 
 impl FreeGpus {
     pub fn new(sess: &Session) -> FreeGpus {
         let mut whole = FxHashMap::default();
         for n in 0..sess.cluster.nodes.len() {
-            if sess.cluster.schedulable[n] {
-                let free = sess.cluster.free_gpu_at(n);
-                if free > 0 {
-                    whole.insert(n as i32, free);
-                }
-            }
+            set_free(sess, &mut whole, n);
         }
-        FreeGpus::with_whole(whole)
+        let mut out = FreeGpus::with_whole(whole);
+        out.read = sess.cluster.gpu_log.len();
+        out
+    }
+
+    /// The same for the session as it is now, counting again only the nodes recounted since
+    /// (`ClusterState::gpu_log`) rather than every node.
+    pub fn renewed(self, sess: &Session) -> FreeGpus {
+        let mut whole = self.whole;
+        for &n in &sess.cluster.gpu_log[self.read..] {
+            set_free(sess, &mut whole, n as usize);
+        }
+        let mut out = FreeGpus::with_whole(whole);
+        out.read = sess.cluster.gpu_log.len();
+        out
     }
 
     fn with_whole(whole: FxHashMap<i32, i64>) -> FreeGpus {
@@ -62,6 +73,7 @@ impl FreeGpus {
             top_whole: None,
             whole_totals: None,
             freed_devices: None,
+            read: 0,
         }
     }
 
@@ -208,6 +220,16 @@ impl FreeGpus {
         let mut out = FreeGpus::with_whole(whole);
         out.freed_devices = Some(freed.device.clone());
         out
+    }
+}
+
+/// Node `n`'s free whole GPUs in `whole` (absent: none, or not schedulable).
+fn set_free(sess: &Session, whole: &mut FxHashMap<i32, i64>, n: usize) {
+    let free = if sess.cluster.schedulable[n] { sess.cluster.free_gpu_at(n) } else { 0 };
+    if free > 0 {
+        whole.insert(n as i32, free);
+    } else {
+        whole.remove(&(n as i32));
     }
 }
 

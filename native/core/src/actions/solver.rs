@@ -346,8 +346,11 @@ impl VictimCache {
         let now = sess.undo.len();
         if self.version != Some(now) || self.free.is_none() {
             let mut touched: Vec<usize> = Vec::new();
+            // the free GPUs are counted again only where they changed when the state grew
+            let mut grew = false;
             match self.version {
                 Some(version) if version <= now => {
+                    grew = true;
                     let entries = &sess.undo[version..];
                     let mut jobs: Vec<usize> = Vec::new();
                     let mut seen: FxHashSet<usize> = FxHashSet::default();
@@ -381,7 +384,10 @@ impl VictimCache {
                 }
             }
             self.version = Some(now);
-            self.free = Some(FreeGpus::new(sess));
+            self.free = Some(match self.free.take() {
+                Some(free) if grew => free.renewed(sess),
+                _ => FreeGpus::new(sess),
+            });
             self.enough_all.clear();
             // streams are carried over when next used, with every job touched since
             let keys: Vec<(usize, i64)> = self.streams.keys().copied().collect();
