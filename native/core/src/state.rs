@@ -8,6 +8,7 @@
 //! scratch of values derived once per session.
 
 use std::cmp::Ordering;
+use std::rc::Rc;
 
 use rustc_hash::{FxHashMap, FxHashSet};
 
@@ -76,8 +77,8 @@ pub struct Session {
     /// the binpack fast path's last placement and the undo log's length then (actions/common.rs)
     pub sticky: Option<(Sticky, usize)>,
     /// the only nodes placement may use while set, in node order (a victim scenario's):
-    /// set with `set_node_filter`
-    pub node_filter: Option<Vec<usize>>,
+    /// set with `set_node_filter` (shared, as every task placed in the scenario reads it)
+    pub node_filter: Option<Rc<[usize]>>,
     pub evict_info: FxHashMap<usize, EvictInfo>,
     pub jobs: Vec<JobState>,
     pub job_index: FxHashMap<String, usize>,
@@ -417,7 +418,7 @@ impl Session {
     /// even where the undo log has the same length.
     pub fn set_node_filter(&mut self, nodes: Option<Vec<usize>>) {
         self.sticky = None;
-        self.node_filter = nodes;
+        self.node_filter = nodes.map(Rc::from);
     }
 
     // ------------------------------------------------------------------ jobs
