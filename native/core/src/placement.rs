@@ -731,7 +731,7 @@ fn choose_filtered(
         // made `lookahead`'s preempt 30x slower at 5,000 nodes
         let count = sess.cluster.nodes.len();
         let (mut fits, mut fits_idle) = (vec![false; count], vec![false; count]);
-        let mut fitting = Vec::new();
+        let mut fitting = Vec::with_capacity(within.len());
         for &n in within {
             let (fit, idle) = feasible_at(sess, task, n);
             if fit {
@@ -750,7 +750,7 @@ fn choose_filtered(
         let best = best_scored(&fitting, &score);
         return (Some(place_on(sess, task, best as i32, fits_idle[best])), Vec::new());
     }
-    let mut fitting: Vec<(usize, bool)> = Vec::new();
+    let mut fitting: Vec<(usize, bool)> = Vec::with_capacity(within.len());
     for &n in within {
         let (fits, idle) = feasible_at(sess, task, n);
         if fits {
