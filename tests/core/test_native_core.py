@@ -780,6 +780,51 @@ def test_a_skipped_job_of_a_sibling_leaf_orders_a_reclaim_scenario() -> None:
     assert_same(schedule(snapshot, SchedulerConfig(), 0.0, core="native"), python)
 
 
+def test_a_device_pipelined_past_full_gives_no_room() -> None:
+    """Consolidation pipelines more sharers onto one idle device than it holds (a2's two 0.7
+    pods, a4-1, b8-0 and b8-1 onto n0's fourth GPU: pipelined pods are charged to releasing
+    room, which goes below 0). Preempt then looks for room for b8-2 (0.25) on n0, which still
+    has a whole GPU free: its first victim, a4-1 (pipelined there), leaves that device's room
+    below 0, which counts as none, so the whole free GPU is enough and the scenario that only
+    takes a4-1 back and puts it where it was wins: nothing running is evicted. The Rust core
+    counted the room below 0 into its total of device room, found too little, skipped that
+    scenario and evicted a4-0 (random clusters, seed 6290629364132158843429770859798741801)."""
+    def frac(name: str, milli: int, created: float, node: str | None = None,
+             device: str = "") -> Pod:
+        running = node is not None
+        return Pod(name, Request(gpu_fraction_milli=milli),
+                   status=PodStatus.RUNNING if running else PodStatus.PENDING, node=node,
+                   gpu_groups=(device,) if running else (), created=created)
+
+    zone = {"node_selector": (("zone", "a"),)}
+    nodes = (Node("n0", 8000, 16 * 10**9, gpus=4, gpu_memory_mib=16000, labels=(("zone", "a"),)),
+             Node("n1", 8000, 16 * 10**9, gpus=1, gpu_memory_mib=16000, max_pods=5))
+    queues = (Queue("root", gpu=OPEN, cpu=OPEN, memory=OPEN),
+              Queue("q0", parent="root", gpu=ResourceQuota(2.0, -1, 1), cpu=OPEN, memory=OPEN),
+              Queue("q1", parent="root", gpu=ResourceQuota(2.0, -1, 1), cpu=OPEN, memory=OPEN,
+                    created=1.0))
+    jobs = (
+        Job("a0", "q0", 50, (frac("a0-0", 500, 0.0, "n1", "n1-gpu-1"),)),
+        Job("a2", "q0", 50, (frac("a2-0", 700, 2.0, "n0", "n0-gpu-1"),
+                             frac("a2-1", 700, 2.0, "n0", "n0-gpu-2")), min_member=2,
+            created=2.0),
+        Job("a4", "q0", 50, (frac("a4-0", 500, 4.0, "n1", "n1-gpu-1"), frac("a4-1", 500, 4.0)),
+            created=4.0, last_start=0.5),
+        Job("b0", "q1", 50, tuple(Pod(f"b0-{i}", Request(gpus=1), created=100.0, **zone)
+                                  for i in range(2)), min_member=2, created=100.0),
+        Job("b8", "q0", 75, tuple(Pod(f"b8-{i}", Request(gpu_fraction_milli=250),
+                                      created=108.0, **zone) for i in range(3)),
+            min_member=2, created=108.0))
+    config = SchedulerConfig(gpu_packing="best_fit", placement=NodePlacement(gpu="binpack"),
+                             actions=("consolidation", "preempt"))
+    python = schedule(Snapshot(nodes, queues, jobs), config, 1.0, core="python")
+    assert [(e.pod, e.action) for e in python.evictions] == [
+        ("a2-0", "consolidation"), ("a2-1", "consolidation")]
+    assert python.pods["a4-0"].status == "Running"
+    assert python.pods["b8-2"].status == "Pipelined" and python.pods["b8-2"].node == "n0"
+    assert_same(schedule(Snapshot(nodes, queues, jobs), config, 1.0, core="native"), python)
+
+
 def test_a_job_left_in_a_parent_queue_is_never_a_victim() -> None:
     """A walk of the queue tree reads only leaves' heaps, so a running job whose queue has
     children is never popped as a victim. The Rust core's pop shortcuts (one heap, or one heap

@@ -61,8 +61,11 @@ def _reference(sess: Session, prefix: list[Task], victims: list[Task]) -> bool:
             continue
         for gid in t.groups:
             key = (t.node, gid)
-            freed[key] = freed.get(key, 0) + t.gpu_mem_cost
+            before = freed.get(key, 0)
+            freed[key] = before + t.gpu_mem_cost
             group = cluster.groups[t.node][gid]
+            if before + group.releasing >= group.used:
+                continue  # freed whole already: one GPU, however many more sharers go
             if freed[key] + group.releasing >= group.used:
                 whole[t.node] += 1
                 rooms.pop(key, None)
@@ -136,3 +139,33 @@ def test_a_device_freed_entirely_is_a_whole_gpu_not_also_its_old_room() -> None:
     room.add_victim(victim)
     assert room.enough() is False
     assert GpuRoom(sess, free_gpus(sess), prefix[:1]).enough_with([victim]) is True
+
+
+def test_a_device_freed_whole_is_one_gpu_however_many_sharers_go() -> None:
+    """Three 0.5 pods pipelined onto one device (pipelined pods are charged to releasing room,
+    so a device can take more of them than it holds) and the node's other GPU idle. Taking
+    two of them back frees the device whole: two free GPUs. Taking the third as well frees
+    nothing more, so three whole-GPU pods still do not fit (a count per sharer after the
+    first whole said they did)."""
+    node = Node(name="n0", cpu_m=64_000, memory=256 * 10**9, gpus=2, gpu_memory_mib=81920)
+    sharers = tuple(Pod(f"s{i}", Request(cpu_m=100, memory=10**9, gpu_fraction_milli=500))
+                    for i in range(3))
+    wholes = tuple(Pod(f"w{i}", Request(cpu_m=100, memory=10**9, gpus=1)) for i in range(3))
+    snapshot = Snapshot(
+        nodes=(node,), queues=(Queue("q", gpu=OPEN, cpu=OPEN, memory=OPEN),),
+        jobs=(Job("shared", queue="q", priority=50, pods=sharers, min_member=1),
+              Job("whole", queue="q", priority=50, pods=wholes, min_member=3)))
+    sess = Session(snapshot, SchedulerConfig(), 0.0)
+    shared = [t for t in sess.tasks if t.name.startswith("s")]
+    for t in shared:
+        sess.statement.allocate(t, 0, ("n0-dev0",), pipelined=True)
+    base = free_gpus(sess)
+    assert base == ({0: 1}, {})  # a device only pipelined sharers hold is in neither sum
+    prefix = [t for t in sess.tasks if t.name.startswith("w")]
+    assert GpuRoom(sess, base, prefix[:2]).enough_with(shared[:2]) is True
+    room = GpuRoom(sess, base, prefix)
+    assert room.enough_with(shared[:2]) is False
+    assert room.enough_with(shared) is False
+    for t in shared:
+        room.add_victim(t)
+    assert room.enough() is False

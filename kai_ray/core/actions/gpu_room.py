@@ -93,7 +93,7 @@ class GpuRoom:
 
     def _free_into(self, t: Task, whole: Whole, rooms: Rooms, freed: Rooms) -> None:
         """Count victim `t` as gone: its whole GPUs, or its share of each of its devices (a
-        device all of whose sharers go becomes a whole GPU: its room is set to 0)."""
+        device all of whose sharers go becomes a whole GPU, once: its room is set to 0)."""
         sess = self.sess
         if t.node < 0 or not sess.cluster.schedulable[t.node]:
             return
@@ -102,9 +102,12 @@ class GpuRoom:
             return
         for gid in t.groups:
             key = (t.node, gid)
-            freed[key] = freed.get(key, 0) + t.gpu_mem_cost
+            before = freed.get(key, 0)
+            freed[key] = before + t.gpu_mem_cost
             group = sess.cluster.groups[t.node].get(gid)
-            if group is None:
+            if group is None or freed_whole(group, before):
+                # a device freed whole already (more pipelined sharers than it holds): it
+                # gives no second GPU
                 continue
             if freed_whole(group, freed[key]):
                 whole[t.node] = whole.get(t.node, self.base_whole.get(t.node, 0)) + 1

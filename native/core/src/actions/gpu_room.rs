@@ -293,9 +293,13 @@ pub fn free_into(
     }
     for &gid in &task.groups {
         let key = (node, gid);
-        let amount = freed.get(&key).copied().unwrap_or(0) + task.gpu_mem_cost;
+        let before = freed.get(&key).copied().unwrap_or(0);
+        let amount = before + task.gpu_mem_cost;
         freed.insert(key, amount);
         let Some(group) = sess.cluster.group(node, gid) else { continue };
+        if freed_whole(group, before) {
+            continue; // freed whole already (more pipelined sharers than it holds): no second GPU
+        }
         if freed_whole(group, amount) {
             let v = whole
                 .get(&node)
@@ -476,7 +480,8 @@ impl GpuRoom {
         }
         for (key, room_before) in keys.into_iter().zip(rooms_before) {
             let room = self.room(sess, base, key);
-            self.total_room += room - room_before;
+            // a device with more pipelined sharers than it holds has a room below 0: none
+            self.total_room += room.max(0) - room_before.max(0);
             self.max_room = self.max_room.max(room);
             let k = self.fractions_needed.len();
             let Some(top) = &mut self.top_rooms else { continue };
@@ -577,7 +582,7 @@ impl GpuRoom {
         let (dev_total, dev_max) = base.device_totals(sess);
         let mut total = dev_total;
         for (key, v) in &self.devices {
-            total += v - base.devices(sess).get(key).copied().unwrap_or(0);
+            total += (*v).max(0) - base.devices(sess).get(key).copied().unwrap_or(0);
         }
         self.total_room = total;
         self.max_room = dev_max.max(self.devices.values().copied().max().unwrap_or(0));

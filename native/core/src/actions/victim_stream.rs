@@ -37,7 +37,7 @@ impl Tally {
             Tally::Holds { size, node_free: FxHashMap::default(), now, values: Vec::new() }
         } else {
             let per_whole = MILLI.div_euclid(size);
-            let rooms: i64 = free.devices(sess).values().map(|r| r.div_euclid(size)).sum();
+            let rooms: i64 = free.devices(sess).values().map(|&r| r.max(0).div_euclid(size)).sum();
             let now = rooms + per_whole * free.whole_totals().0;
             Tally::Fits {
                 size,
@@ -74,8 +74,15 @@ impl Tally {
                     let Some(group) = sess.cluster.group(key.0, key.1) else { continue };
                     let before = device_freed.get(&key).copied().unwrap_or(0);
                     device_freed.insert(key, before + cost);
-                    let old = MILLI - group.used + group.releasing + before;
-                    let new = if freed_whole(group, before + cost) { 0 } else { old + cost };
+                    // the room counted (none below 0; none once freed whole, its GPU in `gains`)
+                    let room = |freed: i64| {
+                        if freed_whole(group, freed) {
+                            0
+                        } else {
+                            (MILLI - group.used + group.releasing + freed).max(0)
+                        }
+                    };
+                    let (old, new) = (room(before), room(before + cost));
                     *now += new.div_euclid(*size) - old.div_euclid(*size);
                 }
                 values.push(*now);
