@@ -10,6 +10,7 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use crate::accounting::{leq, pending_queue_amount, QueueState};
 use crate::model::Amounts;
 use crate::state::Session;
+use crate::statement::LogMark;
 
 const ZERO_SHARE_MULT: f64 = 1000.0;
 const ZERO: Amounts = [0.0, 0.0, 0.0];
@@ -464,7 +465,7 @@ impl JobQueue {
 /// again (a job's order and pending state change only with its tasks).
 #[derive(Clone, Default)]
 pub struct PendingOrder {
-    version: usize,
+    version: LogMark,
     /// per leaf queue: (order number, job), ascending
     by_queue: FxHashMap<usize, Vec<(i64, usize)>>,
     /// job -> (queue, order number)
@@ -474,9 +475,9 @@ pub struct PendingOrder {
 impl PendingOrder {
     /// Bring the session's up to date with its current state (made on first use).
     pub fn sync(sess: &mut Session) {
-        let now = sess.undo.len();
+        let now = sess.undo.mark();
         let mut known = match sess.scratch.take::<PendingOrder>() {
-            Some(known) if known.version <= now => known,
+            Some(known) if sess.undo.since(known.version).is_some() => known,
             _ => {
                 let mut fresh = Box::new(PendingOrder { version: now, ..PendingOrder::default() });
                 for job in sess.pending_jobs.clone() {
@@ -491,10 +492,10 @@ impl PendingOrder {
                 fresh
             }
         };
-        if known.version < now {
+        if known.version != now {
             let mut touched: Vec<usize> = Vec::new();
             let mut seen: FxHashSet<usize> = FxHashSet::default();
-            for entry in &sess.undo[known.version..] {
+            for entry in sess.undo.since(known.version).expect("held") {
                 let job = sess.tasks[entry.task()].job;
                 if seen.insert(job) {
                     touched.push(job);

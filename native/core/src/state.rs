@@ -19,7 +19,7 @@ use crate::model::{
     Amounts, Constraints, GpuPacking, PodStatus, Request, SchedulerConfig, Snapshot,
 };
 use crate::scratch::Scratch;
-use crate::statement::{Statement, Sticky, Undo};
+use crate::statement::{LogMark, Statement, Sticky, UndoLog};
 
 /// Why a job's last attempt failed (becomes the PodGroup/pod condition).
 #[derive(Clone, Debug)]
@@ -72,10 +72,10 @@ pub struct Session {
     pub constraints: Vec<Constraints>,
     pub masks: Vec<Option<NodeMasks>>,
     /// every decision since the session began (statement.rs): a checkpoint is its length
-    pub undo: Vec<Undo>,
+    pub undo: UndoLog,
     pub job_errors: FxHashMap<usize, JobError>,
-    /// the binpack fast path's last placement and the undo log's length then (actions/common.rs)
-    pub sticky: Option<(Sticky, usize)>,
+    /// the binpack fast path's last placement and the undo log's mark then (actions/common.rs)
+    pub sticky: Option<(Sticky, LogMark)>,
     /// the only nodes placement may use while set, in node order (a victim scenario's):
     /// set with `set_node_filter` (shared, as every task placed in the scenario reads it)
     pub node_filter: Option<Rc<[usize]>>,
@@ -109,7 +109,6 @@ impl Session {
             tasks: &mut self.tasks,
             jobs: &mut self.jobs,
             undo: &mut self.undo,
-            sticky: &mut self.sticky,
         }
     }
 
@@ -156,7 +155,7 @@ impl Session {
             queues: QueueAccounting::new(queues),
             constraints,
             masks,
-            undo: Vec::new(),
+            undo: UndoLog::default(),
             job_errors: FxHashMap::default(),
             sticky: None,
             node_filter: None,
@@ -415,7 +414,7 @@ impl Session {
 
     /// Restrict placement to `nodes` (None: every node). The binpack carry-over is dropped:
     /// a choice among other nodes (binpack normalises over them) is no guide for this one,
-    /// even where the undo log has the same length.
+    /// even where the undo log is as it was.
     pub fn set_node_filter(&mut self, nodes: Option<Vec<usize>>) {
         self.sticky = None;
         self.node_filter = nodes.map(Rc::from);

@@ -36,11 +36,64 @@ impl Undo {
     }
 }
 
+/// The session's decisions in order (a checkpoint is its length), each with a stamp no other
+/// entry of the session ever had: a reader that kept a `LogMark` can tell whether the log
+/// still holds what it read, which its length alone cannot (a rollback below it and new
+/// decisions can bring the log back to the same length).
+#[derive(Default)]
+pub struct UndoLog {
+    entries: Vec<Undo>,
+    stamps: Vec<u64>,
+    next: u64,
+}
+
+/// The log as a reader saw it: its length and the stamp of its last entry.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LogMark {
+    len: usize,
+    stamp: u64,
+}
+
+impl UndoLog {
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    pub fn entries(&self) -> &[Undo] {
+        &self.entries
+    }
+
+    fn push(&mut self, entry: Undo) {
+        self.next += 1;
+        self.entries.push(entry);
+        self.stamps.push(self.next);
+    }
+
+    fn pop(&mut self) -> Option<Undo> {
+        self.stamps.pop();
+        self.entries.pop()
+    }
+
+    pub fn mark(&self) -> LogMark {
+        LogMark { len: self.entries.len(), stamp: self.stamps.last().copied().unwrap_or(0) }
+    }
+
+    /// The decisions made since `mark`, or None when the log no longer holds what it held
+    /// then (rolled back below it).
+    pub fn since(&self, mark: LogMark) -> Option<&[Undo]> {
+        let held = mark.len <= self.entries.len()
+            && (mark.len == 0 || self.stamps[mark.len - 1] == mark.stamp);
+        held.then(|| &self.entries[mark.len..])
+    }
+}
+
 /// The previous placement of the binpack fast path (actions/common.rs): the task, its node,
 /// whether it fit on idle resources and its node's sharing bonus. Kept with the undo log's
-/// length when it was made (`Session::sticky`) and valid while the log has that length; here
-/// because a rollback below that length must drop it (the log may grow back to the same
-/// length with other decisions).
+/// mark when it was made (`Session::sticky`) and valid while the log is as it was then.
 #[derive(Clone, Copy, Debug)]
 pub struct Sticky {
     pub task: usize,
@@ -57,8 +110,7 @@ pub struct Statement<'a> {
     /// a moved victim's copy is appended (and popped on rollback)
     pub(crate) tasks: &'a mut Vec<Task>,
     pub(crate) jobs: &'a mut Vec<JobState>,
-    pub(crate) undo: &'a mut Vec<Undo>,
-    pub(crate) sticky: &'a mut Option<(Sticky, usize)>,
+    pub(crate) undo: &'a mut UndoLog,
 }
 
 impl Statement<'_> {
@@ -145,6 +197,7 @@ impl Statement<'_> {
     pub fn unevict(&mut self, task: usize) {
         let prev = self
             .undo
+            .entries()
             .iter()
             .rev()
             .find_map(|e| match *e {
@@ -163,12 +216,6 @@ impl Statement<'_> {
 
     /// Undo every decision after `checkpoint`, last first.
     pub fn rollback(&mut self, checkpoint: usize) {
-        if let Some((_, at)) = *self.sticky {
-            if at > checkpoint {
-                // what came after that placement is undone
-                *self.sticky = None;
-            }
-        }
         while self.undo.len() > checkpoint {
             let entry = self.undo.pop().expect("undo entry");
             let task = entry.task();
@@ -219,5 +266,31 @@ impl Statement<'_> {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(task: usize) -> Undo {
+        Undo::Status { task, prev: PodStatus::Pending }
+    }
+
+    #[test]
+    fn a_mark_is_not_held_once_the_log_was_rolled_back_below_it() {
+        let mut log = UndoLog::default();
+        log.push(entry(0));
+        let base = log.mark();
+        log.push(entry(1));
+        let read = log.mark();
+        assert_eq!(log.since(base).map(<[Undo]>::len), Some(1));
+        log.pop();
+        log.push(entry(2));
+        // the same length, another decision: what `read` saw is gone
+        assert_eq!(log.len(), 2);
+        assert!(log.since(read).is_none());
+        assert_eq!(log.since(base).map(|e| e[0].task()), Some(2));
+        assert_eq!(log.since(log.mark()).map(<[Undo]>::len), Some(0));
     }
 }

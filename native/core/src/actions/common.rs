@@ -69,11 +69,11 @@ pub fn place_tasks(
     let checkpoint = sess.statement().checkpoint();
     let mut placed: Vec<usize> = Vec::with_capacity(tasks.len());
     // the previous placement carries over from the previous job when nothing else changed
-    // since (same undo length). A fast path the Python specification does not take (it
+    // since (the undo log as it was). A fast path the Python specification does not take (it
     // chooses over all nodes each time): docs/native-core.md, "Speed paths only in the Rust
     // core"
     let mut last: Option<Sticky> = match sess.sticky {
-        Some((sticky, at)) if at == sess.undo.len() => Some(sticky),
+        Some((sticky, at)) if at == sess.undo.mark() => Some(sticky),
         _ => None,
     };
     for &task in tasks {
@@ -120,7 +120,7 @@ pub fn place_tasks(
         let pipelined = pipeline_only || !choice.on_idle;
         sess.statement().allocate(task, choice.node, choice.groups, pipelined);
         placed.push(sess.tasks[task].moved.unwrap_or(task));
-        sess.sticky = Some((sticky, sess.undo.len()));
+        sess.sticky = Some((sticky, sess.undo.mark()));
     }
     if !pipeline_only {
         pipeline_whole_gang_if_needed(sess, job, &placed);

@@ -5,6 +5,7 @@ use crate::actions::allocate::schedulable_jobs;
 use crate::actions::solver::{gpu_sums_at, FailedJobs, Rules, Solver, VictimCache};
 use crate::ordering::{job_request, Items, JobQueue};
 use crate::state::{EvictMessage, Session};
+use crate::statement::LogMark;
 
 /// FailedJobs' scope for the whole cluster
 const CLUSTER: usize = usize::MAX;
@@ -70,7 +71,7 @@ pub fn run(sess: &mut Session) {
         schedulable_jobs(sess).into_iter().filter(|&j| sess.jobs[j].preemptible).collect();
     let mut queue = JobQueue::new(sess, Items::Jobs, &jobs, false, false);
     // free GPUs, counted again only when a success changed the state
-    let mut free_at: Option<(usize, f64)> = None;
+    let mut free_at: Option<(LogMark, f64)> = None;
     while let Some(job) = queue.pop(sess) {
         if failed.should_skip(sess, job, CLUSTER) {
             continue;
@@ -80,10 +81,10 @@ pub fn run(sess: &mut Session) {
         }
         let need = job_request(sess, job, false)[2];
         let free = match free_at {
-            Some((at, free)) if at == sess.undo.len() => free,
+            Some((at, free)) if at == sess.undo.mark() => free,
             _ => {
                 let free = free_gpus(sess);
-                free_at = Some((sess.undo.len(), free));
+                free_at = Some((sess.undo.mark(), free));
                 free
             }
         };

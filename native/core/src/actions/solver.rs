@@ -23,7 +23,7 @@ use crate::jobs::Signature;
 use crate::model::PodStatus;
 use crate::ordering::{scenario_queue, Items, JobQueue, PendingOrder};
 use crate::state::{EvictInfo, EvictMessage, Session};
-use crate::statement::Undo;
+use crate::statement::{LogMark, Undo};
 
 /// Which victims a job may take: preempt (queue, priority), reclaim (queue, i64::MIN); None
 /// for consolidation (no cache across jobs).
@@ -246,7 +246,7 @@ impl ScopeVictims {
 /// only their victim units are rebuilt, in the scopes that hold them.
 #[derive(Default)]
 pub struct VictimCache {
-    version: Option<usize>,
+    version: Option<LogMark>,
     free: Option<FreeGpus>,
     scopes: FxHashMap<(usize, i64), ScopeVictims>,
     scope_order: Vec<(usize, i64)>,
@@ -343,15 +343,14 @@ impl VictimCache {
     }
 
     fn get(&mut self, sess: &mut Session, scope: Scope, rules: &dyn Rules) {
-        let now = sess.undo.len();
+        let now = sess.undo.mark();
         if self.version != Some(now) || self.free.is_none() {
             let mut touched: Vec<usize> = Vec::new();
             // the free GPUs are counted again only where they changed when the state grew
             let mut grew = false;
-            match self.version {
-                Some(version) if version <= now => {
+            match self.version.and_then(|version| sess.undo.since(version)) {
+                Some(entries) => {
                     grew = true;
-                    let entries = &sess.undo[version..];
                     let mut jobs: Vec<usize> = Vec::new();
                     let mut seen: FxHashSet<usize> = FxHashSet::default();
                     for entry in entries {
@@ -360,7 +359,7 @@ impl VictimCache {
                             jobs.push(job);
                         }
                     }
-                    let nodes = changed_nodes(sess, version, &jobs);
+                    let nodes = changed_nodes(sess, entries, &jobs);
                     touched = jobs.clone();
                     for key in self.scope_order.clone() {
                         let scope = self.scopes.get_mut(&key).expect("scope");
@@ -375,7 +374,7 @@ impl VictimCache {
                         all_freed.mark(&nodes);
                     }
                 }
-                _ => {
+                None => {
                     self.scopes.clear();
                     self.scope_order.clear();
                     self.streams.clear();
@@ -478,11 +477,11 @@ impl VictimCache {
     }
 }
 
-/// Nodes where undo-log entries from `version` on changed something, and where the tasks of
+/// Nodes where the undo-log `entries` changed something, and where the tasks of
 /// `jobs` (whose victim units may have changed) sit.
-fn changed_nodes(sess: &Session, version: usize, jobs: &[usize]) -> Vec<i32> {
+fn changed_nodes(sess: &Session, entries: &[Undo], jobs: &[usize]) -> Vec<i32> {
     let mut nodes: FxHashSet<i32> = FxHashSet::default();
-    for entry in &sess.undo[version..] {
+    for entry in entries {
         nodes.insert(sess.tasks[entry.task()].node);
         match *entry {
             Undo::Move { copy, .. } => {
