@@ -325,35 +325,27 @@ impl JobQueue {
         self.heaps.iter().find(|(k, _)| *k == key).and_then(|(_, h)| h.peek().map(|Reverse(e)| e.2))
     }
 
-    /// The item that would pop next from `queue`'s subtree.
-    fn best_in(
-        &self,
-        sess: &mut Session,
-        queue: usize,
-        memo: &mut FxHashMap<usize, Option<usize>>,
-    ) -> Option<usize> {
-        if let Some(&known) = memo.get(&queue) {
-            return known;
-        }
-        let result = if sess.queues[queue].children.is_empty() {
+    /// The item that would pop next from `queue`'s subtree (a walk reaches each queue once).
+    fn best_in(&self, sess: &mut Session, queue: usize) -> Option<usize> {
+        if sess.queues[queue].children.is_empty() {
             self.top_of(queue)
         } else {
-            let children = sess.queues[queue].children.clone();
-            self.pick(sess, &children, memo)
-        };
-        memo.insert(queue, result);
-        result
+            self.pick(sess, Some(queue))
+        }
     }
 
-    fn pick(
-        &self,
-        sess: &mut Session,
-        names: &[usize],
-        memo: &mut FxHashMap<usize, Option<usize>>,
-    ) -> Option<usize> {
+    /// The item that would pop next from among the children of `parent` (None: the roots).
+    fn pick(&self, sess: &mut Session, parent: Option<usize>) -> Option<usize> {
+        // by position: the names stay in the session, which the comparisons borrow mutably
+        let name_at = |sess: &Session, i: usize| match parent {
+            Some(p) => sess.queues[p].children.get(i).copied(),
+            None => sess.queues.roots().get(i).copied(),
+        };
         let mut best: Option<(usize, usize)> = None; // (queue, item)
-        for &name in names {
-            let Some(cand) = self.best_in(sess, name, memo) else { continue };
+        let mut i = 0;
+        while let Some(name) = name_at(sess, i) {
+            i += 1;
+            let Some(cand) = self.best_in(sess, name) else { continue };
             let Some((best_name, best_item)) = best else {
                 best = Some((name, cand));
                 continue;
@@ -397,14 +389,11 @@ impl JobQueue {
         if !self.dead.is_empty() {
             self.drop_dead_tops();
         }
-        let nonempty: Vec<usize> =
-            (0..self.heaps.len()).filter(|&i| !self.heaps[i].1.is_empty()).collect();
-        if nonempty.is_empty() {
-            return None;
-        }
-        if nonempty.len() == 1 {
+        let mut live = (0..self.heaps.len()).filter(|&i| !self.heaps[i].1.is_empty());
+        let first = live.next()?;
+        if live.next().is_none() {
             // one queue holds everything (if the tree reaches it at all)
-            let at = nonempty[0];
+            let at = first;
             if !Self::reachable(sess, self.heaps[at].0) {
                 return None;
             }
@@ -415,9 +404,7 @@ impl JobQueue {
             return Some(item);
         }
         self.account_taken(sess);
-        let roots = sess.queues.roots().to_vec();
-        let mut memo = FxHashMap::default();
-        let picked = self.pick(sess, &roots, &mut memo)?;
+        let picked = self.pick(sess, None)?;
         let key = self.queue_key(sess, picked);
         let Reverse((_, _, item)) = self.heap_mut(key).pop()?;
         if self.reverse {
