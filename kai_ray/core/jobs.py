@@ -15,33 +15,27 @@ class OrderRanks(Protocol):
 
 
 class Task:
-    """One pod inside the session."""
+    """One pod inside the session: what the cycle changes (status, node, devices) and what it
+    works out; what never changes is read from its `pod`."""
 
     __slots__ = (
         "accepted_gpu",
         "constraints",
-        "created",
         "gpu_mem_cost",
         "groups",
         "idx",
-        "is_head",
         "job",
         "moved",
         "name",
         "namespace",
         "node",
-        "node_affinity",
-        "node_selector",
         "orig_status",
         "origin",
         "pod",
-        "replica",
         "req",
         "shape",
         "status",
         "subgroup",
-        "task_priority",
-        "tolerations",
     )
 
     def __init__(self, idx: int, job: JobState, pod: Pod, node: int) -> None:
@@ -55,17 +49,10 @@ class Task:
         self.node = node
         self.groups: tuple[str, ...] = pod.gpu_groups
         self.orig_status = pod.status
-        self.task_priority = pod.task_priority
-        self.created = pod.created
-        self.is_head = pod.is_ray_head
         self.subgroup = pod.subgroup or "default"
-        self.node_selector = pod.node_selector
-        self.tolerations = pod.tolerations
-        self.node_affinity = pod.node_affinity
         # what limits the task's nodes besides resources (equal: the same nodes)
         self.constraints = (pod.node_selector, pod.tolerations, pod.node_affinity)
         self.shape = -1  # same request and constraints, same number (`Session.shape_of`)
-        self.replica = pod.replica
         # per-device cost in milli of the device, and the GPU amount charged to the queue;
         # both depend on the node's GPU memory for gpu-memory pods, so set on placement
         self.gpu_mem_cost = 0
@@ -80,9 +67,10 @@ class Task:
 
     def sort_key(self) -> tuple[int, int, int, float, str]:
         """KAI's task order: ray head first, task-priority (higher first), older, name."""
-        has_prio = self.task_priority is not None
-        return (0 if self.is_head else 1, 0 if has_prio else 1,
-                -(self.task_priority or 0), self.created, self.name)
+        pod = self.pod
+        has_prio = pod.task_priority is not None
+        return (0 if pod.is_ray_head else 1, 0 if has_prio else 1,
+                -(pod.task_priority or 0), pod.created, self.name)
 
 
 class PodSet:
@@ -227,12 +215,12 @@ def _next_elastic_unit(ps: PodSet, pending: list[Task]) -> list[Task]:
     (an elastic replica of several hosts is one unit: all of it or none; one whose pods do not
     all exist yet waits)."""
     for t in pending:
-        if t.replica is None:
+        if t.pod.replica is None:
             return [t]
-        size = sum(1 for u in ps.tasks if u.replica == t.replica and u.status in ALIVE
+        size = sum(1 for u in ps.tasks if u.pod.replica == t.pod.replica and u.status in ALIVE
                    and u.origin is None)
         if size >= ps.replica_size:
-            return [u for u in pending if u.replica == t.replica]
+            return [u for u in pending if u.pod.replica == t.pod.replica]
     return []
 
 
@@ -242,9 +230,9 @@ def by_replica(tasks: list[Task]) -> list[Task]:
     out: list[Task] = []
     seen: set[str] = set()
     for t in tasks:
-        if t.replica is None:
+        if t.pod.replica is None:
             out.append(t)
-        elif t.replica not in seen:
-            seen.add(t.replica)
-            out.extend(u for u in tasks if u.replica == t.replica)
+        elif t.pod.replica not in seen:
+            seen.add(t.pod.replica)
+            out.extend(u for u in tasks if u.pod.replica == t.pod.replica)
     return out

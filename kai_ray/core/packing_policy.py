@@ -96,12 +96,12 @@ def typical(sess: Session) -> packing.ShapeSet | None:
 def _pinned_products(task: Task) -> set[str] | None:
     """The GPU models (product label values) `task` may use, None when not pinned: a node
     selector on the label, or a required node affinity every term of which has an In on it."""
-    selected = dict(task.node_selector).get(PRODUCT_LABEL)
+    selected = dict(task.pod.node_selector).get(PRODUCT_LABEL)
     allowed = None if selected is None else {selected}
-    if task.node_affinity:
+    if task.pod.node_affinity:
         per_term = [next((set(r.values) for r in term if not r.field
                           and r.key == PRODUCT_LABEL and r.operator == "In"), None)
-                    for term in task.node_affinity]
+                    for term in task.pod.node_affinity]
         if all(values is not None for values in per_term):
             union = set().union(*(v for v in per_term if v is not None))
             allowed = union if allowed is None else allowed & union

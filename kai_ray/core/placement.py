@@ -52,16 +52,16 @@ class Choice:
 
 def _selector_mask(sess: Session, task: Task) -> BoolArray | None:
     """Nodes matching the task's node selector and required node affinity (None: all)."""
-    if not task.node_selector and task.node_affinity is None:
+    selector, affinity = task.pod.node_selector, task.pod.node_affinity
+    if not selector and affinity is None:
         return None
-    key = (task.node_selector, task.node_affinity)
+    key = (selector, affinity)
     cache = sess.scratch.setdefault(SELECTOR_MASKS, dict)
     mask = cache.get(key)
     if mask is None:
         names = [n.name for n in sess.cluster.nodes]
-        mask = np.array([all(labels.get(k) == v for k, v in task.node_selector)
-                         and (task.node_affinity is None
-                              or affinity_matches(task.node_affinity, name, labels))
+        mask = np.array([all(labels.get(k) == v for k, v in selector)
+                         and (affinity is None or affinity_matches(affinity, name, labels))
                          for name, labels in zip(names, sess.cluster.node_labels, strict=True)],
                         dtype=bool)
         cache[key] = mask
@@ -74,14 +74,14 @@ def _taint_masks(sess: Session, task: Task) -> tuple[BoolArray | None, list[tupl
     if not sess.cluster.any_taints:
         return None, []
     cache = sess.scratch.setdefault(TAINT_MASKS, dict)
-    known = cache.get(task.tolerations)
+    known = cache.get(task.pod.tolerations)
     if known is None:
-        first = [untolerated(taints, task.tolerations) for taints in sess.cluster.node_taints]
+        first = [untolerated(taints, task.pod.tolerations) for taints in sess.cluster.node_taints]
         blocked = np.array([t is not None for t in first], dtype=bool)
         per_taint = [(np.array([t != taint for t in first], dtype=bool),
                       f"had untolerated taint {{{taint.key}: {taint.value}}}")
                      for taint in dict.fromkeys(t for t in first if t is not None)]
-        known = cache[task.tolerations] = (~blocked if blocked.any() else None, per_taint)
+        known = cache[task.pod.tolerations] = (~blocked if blocked.any() else None, per_taint)
     return known
 
 

@@ -87,8 +87,8 @@ class VictimUnit:
             _, ts = max(above, key=lambda item: (
                 len(item[1]) / max(self.job.podsets[item[0]].min_member, 1), item[0]))
             victim = max(ts, key=Task.sort_key)
-            taken = [victim] if victim.replica is None else [
-                t for t in ts if t.replica == victim.replica]
+            replica = victim.pod.replica
+            taken = [victim] if replica is None else [t for t in ts if t.pod.replica == replica]
             rest = [t for t in self.tasks if all(t is not v for v in taken)]
             return taken, (VictimUnit(self.job, rest) if rest else None)
         return list(self.tasks), None
