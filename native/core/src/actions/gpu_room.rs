@@ -80,7 +80,9 @@ impl FreeGpus {
     /// Room per shared device that has some (and is not entirely releasing).
     pub fn devices(&mut self, sess: &Session) -> &FxHashMap<DevKey, i64> {
         if self.devices.is_none() {
-            let mut devices = FxHashMap::default();
+            // at least one device per node the room index lists
+            let nodes = sess.cluster.by_room.values().map(|n| n.len()).sum();
+            let mut devices = FxHashMap::with_capacity_and_hasher(nodes, Default::default());
             for nodes in sess.cluster.by_room.values() {
                 for &node in nodes {
                     for g in &sess.cluster.groups[node as usize] {
@@ -568,7 +570,7 @@ impl GpuRoom {
         if self.fractions_needed.is_empty() {
             return;
         }
-        self.devices = FxHashMap::default();
+        self.devices = FxHashMap::with_capacity_and_hasher(freed.len(), Default::default());
         for (&key, &amount) in freed {
             if let Some(group) = sess.cluster.group(key.0, key.1) {
                 let room = if freed_whole(group, amount) {
