@@ -83,6 +83,11 @@ fn opt_int(obj: &Bound<'_, PyAny>, name: &Bound<'_, PyString>) -> Conv<Option<i6
 }
 
 fn items<'py>(obj: &Bound<'py, PyAny>) -> Conv<Vec<Bound<'py, PyAny>>> {
+    // the snapshot's sequences are tuples (a pod's devices, constraints, a job's pods): read
+    // by index, without Python's iterator protocol
+    if let Ok(tuple) = obj.cast::<PyTuple>() {
+        return Ok(tuple.iter().collect());
+    }
     Ok(obj.try_iter()?.collect::<PyResult<Vec<_>>>()?)
 }
 
