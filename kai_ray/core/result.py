@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-# The four per-pod classes below (tens of thousands per cycle) write their own `__init__`, whose
-# positional order the Rust core calls (RESULT_TYPES; native/python/src/lib.rs). Not frozen (a
-# frozen dataclass's fields cannot be set in a hand-written `__init__`): treat them as read-only.
+# The four per-pod classes below (tens of thousands per cycle) and JobStatus write their own
+# `__init__`, whose positional order the Rust core calls (RESULT_TYPES; native/python/src/lib.rs),
+# and keep their fields in slots. Not frozen (a frozen dataclass sets each field through
+# `object.__setattr__`, several times slower): treat them as read-only.
 
 
-@dataclass(init=False)
+@dataclass(init=False, slots=True)
 class Bind:
     """Allocate a pending pod: the binder writes the Binding (and GPU-sharing state)."""
 
@@ -32,7 +33,7 @@ class Bind:
         self.gpu_portion, self.gpu_memory_mib, self.action = gpu_portion, gpu_memory_mib, action
 
 
-@dataclass(init=False)
+@dataclass(init=False, slots=True)
 class Pipeline:
     """Placed on resources still being released: nothing is written but an event."""
 
@@ -47,7 +48,7 @@ class Pipeline:
                                                                       action)
 
 
-@dataclass(init=False)
+@dataclass(init=False, slots=True)
 class Evict:
     job: str
     namespace: str
@@ -74,7 +75,7 @@ class NodeFitSummary:
         return "no nodes with enough resources were found: " + ", ".join(parts) + "."
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(init=False, slots=True)
 class JobStatus:
     """Why a job (PodGroup) with pending pods did not get everything it asked for."""
 
@@ -82,9 +83,15 @@ class JobStatus:
     namespace: str
     reason: str  # OverLimit | NonPreemptibleOverQuota | QueueDoesNotExist | QueueParentCycle | ...
     message: str
-    pending_pods: tuple[str, ...] = ()
-    fit: NodeFitSummary | None = None
-    details: tuple[tuple[str, str], ...] = ()
+    pending_pods: tuple[str, ...]
+    fit: NodeFitSummary | None
+    details: tuple[tuple[str, str], ...]
+
+    def __init__(self, job: str, namespace: str, reason: str, message: str,
+                 pending_pods: tuple[str, ...] = (), fit: NodeFitSummary | None = None,
+                 details: tuple[tuple[str, str], ...] = ()) -> None:
+        self.job, self.namespace, self.reason, self.message = job, namespace, reason, message
+        self.pending_pods, self.fit, self.details = pending_pods, fit, details
 
 
 # the index of each resource in QueueShare's tuples (and in the session's per-resource lists)
@@ -105,7 +112,7 @@ class QueueShare:
     requested: tuple[float, float, float]
 
 
-@dataclass(init=False)
+@dataclass(init=False, slots=True)
 class PodOutcome:
     status: str
     node: str | None
