@@ -931,8 +931,13 @@ fn walk(
 }
 
 fn walk_array(sess: &mut Session, task: usize, nodes: &[i32]) -> (Option<Choice>, bool) {
-    let mut order = nodes.to_vec();
-    order.sort_by_key(|&n| (sess.cluster.gpu_free_at[n as usize], n));
+    // walk order: by free GPUs, then node; each key packed in one integer (free GPUs, offset
+    // to keep their order, above the node) for a sort without lookups
+    let free = &sess.cluster.gpu_free_at;
+    let mut keys: Vec<u64> =
+        nodes.iter().map(|&n| (((free[n as usize] + (1 << 31)) as u64) << 32) | n as u64).collect();
+    keys.sort_unstable();
+    let order: Vec<i32> = keys.iter().map(|&k| (k & 0xffff_ffff) as i32).collect();
     let more = order.len() > FEW;
     let head: Vec<i32> = order.iter().take(FEW + 1).copied().collect();
     walk(sess, task, &head, &IdleAfter::Array { order: &order }, more)
