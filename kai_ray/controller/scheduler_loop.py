@@ -69,17 +69,35 @@ class _Assumed:
     until: float
 
 
+@dataclass
+class Writers:
+    """What the loop writes a cycle's plan with: binds and evictions, status and events, RayJob
+    suspension. Made on the API clients unless the loop is handed others (fakes, in tests)."""
+
+    binder: Binder
+    status: StatusWriter
+    suspender: Suspender
+
+    @classmethod
+    def on(cls, api: client.ApiClient, events: EventRecorder, config: BinderConfig,
+           bind_api: client.ApiClient | None = None) -> Writers:
+        return cls(Binder(api, events, config, bind_api=bind_api), StatusWriter(api, events),
+                   Suspender(api, events))
+
+
 class SchedulerLoop:
     def __init__(self, api: client.ApiClient, cache: ClusterCache, config: LoopConfig,
                  grouper: Any = None, on_cycle: Any = None,
                  events_api: client.ApiClient | None = None,
-                 bind_api: client.ApiClient | None = None) -> None:
+                 bind_api: client.ApiClient | None = None,
+                 writers: Writers | None = None) -> None:
         self.cache = cache
         self.config = config
         self.events = EventRecorder(events_api or api)
-        self.binder = Binder(api, self.events, config.binder, bind_api=bind_api)
-        self.status = StatusWriter(api, self.events)
-        self.suspender = Suspender(api, self.events)
+        if writers is None:
+            writers = Writers.on(api, self.events, config.binder, bind_api)
+        self.binder, self.status, self.suspender = (writers.binder, writers.status,
+                                                    writers.suspender)
         self.grouper = grouper
         self.on_cycle = on_cycle
         self.assumed: dict[str, _Assumed] = {}

@@ -1,6 +1,7 @@
 """The scheduling loop's threads and timing: the pod grouper beside the cycles (new pods at once,
 otherwise one pass per cycle period, nothing while not the leader), and bound pods staying
-assumed after a bind phase longer than the assume window."""
+assumed after a bind phase longer than the assume window; a plan written through the writers the
+loop is handed."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import time
 
 from kubernetes import client
 
-from kai_ray.controller.plan import BackOff, CyclePlan, plan_cycle
-from kai_ray.controller.scheduler_loop import LoopConfig, SchedulerLoop
+from kai_ray.controller.plan import BackOff, CyclePlan, Suspension, plan_cycle
+from kai_ray.controller.scheduler_loop import LoopConfig, SchedulerLoop, Writers
 
 
 class _Cache:
@@ -120,14 +121,55 @@ def test_bound_pods_stay_assumed_after_a_long_bind_phase(monkeypatch) -> None:
     monkeypatch.setattr(scheduler_loop, "ASSUME_SECONDS", 0.3)
     cache = _Cache()
     cache.queues = {}  # type: ignore[attr-defined]
+    writers = Writers(_SlowBinder(0.5), _NoStatus(), _NoStatus())  # type: ignore[arg-type]
     loop = SchedulerLoop(client.ApiClient(client.Configuration()), cache,  # type: ignore[arg-type]
-                         LoopConfig())
-    loop.binder = _SlowBinder(0.5)  # type: ignore[assignment]
-    loop.status = _NoStatus()  # type: ignore[assignment]
+                         LoopConfig(), writers=writers)
     result = CycleResult(binds=[Bind(job="j", namespace="ns", pod="p", node="n1")])
     loop._carry_out(CyclePlan(result, (), (), frozenset()), {}, {}, [])
     assumed = loop.assumed["ns/p"]
     assert assumed.status == PodStatus.BOUND and assumed.until > time.monotonic()
+
+
+class _Recorder:
+    """A fake writer: records each call by name, answers `answer` (binder: `last_bound`,
+    `gave_up`, `provisional` and `fence` as the loop reads and sets them)."""
+
+    def __init__(self, calls: list[str], answer: object = True) -> None:
+        self.calls, self.answer = calls, answer
+        self.last_bound: set[str] = set()
+        self.gave_up: dict[str, str] = {}
+        self.provisional = None
+
+    def __getattr__(self, name: str) -> object:
+        def call(*args: object) -> object:
+            self.calls.append(name if name != "evict" else f"evict {args[0]['metadata']['name']}")
+            return self.answer
+        return call
+
+
+def test_a_plan_is_written_in_order_through_the_writers_the_loop_is_handed() -> None:
+    """The loop writes with the writers it is given (fakes here, no API server) and wires its
+    fence into the binder it is given. A plan's writes go in order: the RayJob suspended first
+    (its pod's eviction is then not sent), the other evictions, the binds, then status."""
+    from kai_ray.core.result import Bind, CycleResult, Evict
+
+    calls: list[str] = []
+    binder, status, suspender = _Recorder(calls), _Recorder(calls), _Recorder(calls)
+    cache = _Cache()
+    cache.queues = {}  # type: ignore[attr-defined]
+    loop = SchedulerLoop(client.ApiClient(client.Configuration()), cache,  # type: ignore[arg-type]
+                         LoopConfig(), writers=Writers(binder, status, suspender))  # type: ignore[arg-type]
+    assert binder.fence == loop.fence  # type: ignore[attr-defined]
+    pod = {"metadata": {"name": "a-0", "namespace": "ns"}}
+    other = {"metadata": {"name": "b-0", "namespace": "ns"}}
+    gone = Evict("a", "ns", "a-0", "n1", "reclaim", "reclaimed")
+    result = CycleResult(binds=[Bind(job="c", namespace="ns", pod="c-0", node="n1")],
+                         evictions=[gone, Evict("b", "ns", "b-0", "n2", "preempt", "preempted")])
+    suspension = Suspension({"metadata": {"name": "a"}}, (pod,), "suspended", (gone,))
+    loop._carry_out(CyclePlan(result, (suspension,), (), frozenset()), {},
+                    {"ns/a-0": pod, "ns/b-0": other}, [])
+    assert calls == ["suspend", "evict b-0", "apply_binds", "pending", "clear_scheduled",
+                     "stale", "queues", "collect_reservations"]
 
 
 def test_a_gang_backing_off_says_so_not_that_it_waits_for_gated_pods() -> None:
