@@ -825,6 +825,42 @@ def test_a_device_pipelined_past_full_gives_no_room() -> None:
     assert_same(schedule(Snapshot(nodes, queues, jobs), config, 1.0, core="native"), python)
 
 
+def test_a_victim_order_that_gains_a_second_queue_is_not_carried_over() -> None:
+    """Reclaim, q0's jobs first: a2 (whose selector fits no node) searches while only a3 (q1)
+    has a victim, so the scope's victim order holds one queue. a4 (q2) then gets room, and
+    its pipelined pod is a victim too: for b0 the order is between two queues, and the spec
+    takes a4-0 first (q2 holds nothing yet: a pipelined pod counts nothing), moves it to n0 and
+    puts b0-0 there. The Rust core carried its one-queue order over by merging a4's unit in
+    by job order, took a3-1 first, and on a3-0's node (none: pending) placed b0-0 with no
+    victim, leaving a4-0 on n1 (found by an independent review's generator)."""
+    def pod(name: str, req: Request, created: float, **more: object) -> Pod:
+        return Pod(name, req, created=created, **more)  # type: ignore[arg-type]
+
+    frac = Request(cpu_m=100, gpu_fraction_milli=200)
+    mem = Request(cpu_m=100, gpu_memory_mib=4000)
+    zone_a = {"node_selector": (("zone", "a"),)}
+    nodes = tuple(Node(n, 16000, 64 * 10**9, gpus=1, gpu_memory_mib=16000, max_pods=6,
+                       labels=(("zone", "b"),)) for n in ("n0", "n1"))
+    queues = (Queue("root", gpu=OPEN, cpu=OPEN, memory=OPEN),
+              *(Queue(q, parent="root", gpu=ResourceQuota(1.0, -1, 1), cpu=OPEN, memory=OPEN,
+                      created=float(i)) for i, q in enumerate(("q0", "q1", "q2"))))
+    jobs = (
+        Job("a2", "q0", 50, (pod("a2-0", frac, 2.0, **zone_a),), created=2.0),
+        Job("a3", "q1", 50, (pod("a3-0", mem, 3.0),
+                             pod("a3-1", mem, 3.0, status=PodStatus.RUNNING, node="n0",
+                                 gpu_groups=("n0-gpu-1",))), created=3.0),
+        Job("a4", "q2", 75, (pod("a4-0", frac, 4.0),), created=4.0),
+        Job("a5", "q0", 50, (pod("a5-0", Request(cpu_m=100, gpus=1), 5.0, **zone_a),),
+            created=5.0),
+        Job("b0", "q0", 50, (pod("b0-0", frac, 100.0),), created=100.0))
+    config = SchedulerConfig(placement=NodePlacement(gpu="spread"), actions=("reclaim",))
+    snapshot = Snapshot(nodes, queues, jobs)
+    python = schedule(snapshot, config, 63.0, core="python")
+    assert [(p.pod, p.node) for p in python.pipelined] == [("a4-0", "n0"), ("b0-0", "n0")]
+    assert python.evictions == []
+    assert_same(schedule(snapshot, config, 63.0, core="native"), python)
+
+
 def test_a_job_left_in_a_parent_queue_is_never_a_victim() -> None:
     """A walk of the queue tree reads only leaves' heaps, so a running job whose queue has
     children is never popped as a victim. The Rust core's pop shortcuts (one heap, or one heap

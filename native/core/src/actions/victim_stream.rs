@@ -253,6 +253,17 @@ impl VictimStream {
         if !(self.one_queue && self.single_takes) {
             return false;
         }
+        // a key merge keeps one queue's order only: a touched job with a unit in another queue
+        // (one that had none when the stream was made) ends that, as the order between queues
+        // is the queue comparison's
+        let mut queue: Option<usize> = None;
+        let with_units = touched.iter().filter(|j| units.contains_key(j));
+        for &job in self.jobs.iter().chain(self.in_source.keys()).chain(with_units) {
+            let q = sess.jobs[job].queue_key;
+            if *queue.get_or_insert(q) != q {
+                return false;
+            }
+        }
         let touched_set: FxHashSet<usize> = touched.iter().copied().collect();
         let kept: Vec<usize> = (0..self.reach.min(self.jobs.len()))
             .filter(|&i| !touched_set.contains(&self.jobs[i]))
