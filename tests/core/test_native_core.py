@@ -746,6 +746,73 @@ def test_packing_policies_take_the_same_decisions(data) -> None:  # type: ignore
         snapshot = runner.advance(snapshot, result)
 
 
+@st.composite
+def tight_clusters(draw):  # type: ignore[no-untyped-def]
+    """A few nodes of 1-4 GPUs, up to three queues of small quotas (some with no over-quota
+    weight), mostly fractional gangs, some whose selector fits no node: devices fill, share and
+    get pipelined past full within a cycle or two. Returns the first snapshot, the jobs that
+    arrive later and the config (its actions a subset of the cycle's)."""
+    nodes = tuple(Node(f"n{i}", 16000, 64 * 10**9, gpus=draw(st.sampled_from([1, 2, 2, 4])),
+                       gpu_memory_mib=draw(st.sampled_from([16000, 40000])),
+                       max_pods=draw(st.sampled_from([6, 110])),
+                       labels=(("zone", draw(st.sampled_from(ZONES))),))
+                  for i in range(draw(st.integers(1, 3))))
+    leaves = [f"q{i}" for i in range(draw(st.integers(1, 3)))]
+    queues = (Queue("root", gpu=OPEN, cpu=OPEN, memory=OPEN),
+              *(Queue(q, parent="root", cpu=OPEN, memory=OPEN, created=float(i),
+                      gpu=ResourceQuota(draw(st.sampled_from([0.0, 1.0, 2.0, -1.0])), -1,
+                                        draw(st.sampled_from([0.0, 1.0]))))
+                for i, q in enumerate(leaves)))
+
+    def request() -> Request:
+        kind = draw(st.sampled_from(["fraction", "fraction", "fraction", "whole", "memory"]))
+        if kind == "whole":
+            return Request(cpu_m=100, gpus=draw(st.sampled_from([1, 1, 2])))
+        if kind == "memory":
+            return Request(cpu_m=100, gpu_memory_mib=draw(st.sampled_from([4000, 8000])))
+        return Request(cpu_m=100, gpu_fraction_milli=draw(st.sampled_from([200, 250, 300, 500,
+                                                                           700])),
+                       fraction_devices=draw(st.sampled_from([1, 1, 1, 2])))
+
+    def jobs(prefix: str, t0: float, priorities: list[int]) -> list[Job]:
+        out = []
+        for j in range(draw(st.integers(2, 8))):
+            req, size = request(), draw(st.integers(1, 3))
+            pin = {"node_selector": (("zone", "c"),)} if draw(st.integers(0, 4)) == 0 else {}
+            pods = tuple(Pod(f"{prefix}{j}-{k}", req, created=t0 + j, **pin)  # type: ignore[arg-type]
+                         for k in range(size))
+            out.append(Job(f"{prefix}{j}", draw(st.sampled_from(leaves)),
+                           draw(st.sampled_from(priorities)), pods,
+                           min_member=draw(st.integers(1, size)), created=t0 + j,
+                           last_start=draw(st.sampled_from([None, 0.5]))))
+        return out
+
+    first, later = jobs("a", 0.0, [50, 50, 75]), jobs("b", 100.0, [50, 75, 100])
+    actions = draw(st.sampled_from([SchedulerConfig().actions, ("consolidation", "preempt"),
+                                    ("consolidation", "reclaim"), ("reclaim",),
+                                    ("allocate", "consolidation", "preempt"),
+                                    ("consolidation", "preempt", "reclaim")]))
+    config = SchedulerConfig(
+        gpu_packing=draw(st.sampled_from(["kai", "kai", "best_fit"])),
+        placement=NodePlacement(gpu=draw(st.sampled_from(["binpack", "spread"]))),
+        allow_consolidating_reclaim=draw(st.booleans()), actions=actions)
+    return Snapshot(nodes, queues, tuple(first)), later, config
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tight_clusters(), st.integers(0, 7))
+def test_tight_clusters_take_the_same_decisions(case, disturb) -> None:  # type: ignore[no-untyped-def]
+    """Both cores on small crowded clusters: a full cycle, some pods disturbed, more jobs,
+    then three cycles of the drawn actions (where a victim order that gains a queue went
+    wrong first showed)."""
+    snapshot, later, config = case
+    result = both(snapshot, dataclasses.replace(config, actions=SchedulerConfig().actions), 0.0)
+    snapshot = _disturb(runner.advance(snapshot, result), disturb)
+    snapshot = dataclasses.replace(snapshot, jobs=snapshot.jobs + tuple(later))
+    for now in (1.0, 2.0, 63.0):
+        snapshot = runner.advance(snapshot, both(snapshot, config, now))
+
+
 def test_a_skipped_job_of_a_sibling_leaf_orders_a_reclaim_scenario() -> None:
     """A victim scenario places its reclaimer and victims again in KAI's job order, among every
     pending job: one that is not placed again is skipped, but while it heads its queue the
